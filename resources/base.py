@@ -1,0 +1,98 @@
+"""The shared shape of every model provider: a Dagster resource that loads its model once per process.
+
+`setup_for_execution` runs once per run in the in-process executor and once per step process under the
+multiprocess and Kubernetes executors; only steps that require the resource (the infer assets) pay for the load.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from resources.errors import ModelLoadError
+
+# How many times each provider class loaded a model in this process. Tests read it; the run log says the same.
+LOAD_COUNTS: Counter[str] = Counter()
+
+
+def resolve_device(device: str) -> str:
+    """'auto' picks CUDA when this process can see a GPU, else Apple MPS, else CPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+class ModelResource(dg.ConfigurableResource):
+    """Base class for providers. Subclasses implement `load()` and one or more capability methods."""
+
+    _model: Any = PrivateAttr(default=None)
+    _load_seconds: float = PrivateAttr(default=0.0)
+
+    # -- to implement ---------------------------------------------------------------------------------------------
+    def load(self) -> Any:
+        raise NotImplementedError
+
+    def model_name(self) -> str:
+        """A human-readable model name for logs and metadata (never a secret)."""
+        return str(getattr(self, "model", type(self).__name__))
+
+    def describe(self) -> dict[str, Any]:
+        """Metadata recorded on the infer asset: safe, non-secret settings."""
+        out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
+        if hasattr(self, "batch_size"):
+            out["batch_size"] = int(self.batch_size)
+        return out
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        start = time.perf_counter()
+        try:
+            self._model = self.load()
+        except ImportError:
+            raise
+        except Exception as exc:  # re-raised with the model named: a failed load must fail the step
+            raise ModelLoadError(f"{type(self).__name__} could not load model {self.model_name()!r}: {exc}") from exc
+        self._load_seconds = time.perf_counter() - start
+        LOAD_COUNTS[type(self).__name__] += 1
+        if context.log is not None:
+            context.log.info(
+                f"Loaded model {self.model_name()} ({type(self).__name__}) in {self._load_seconds:.1f}s "
+                f"in process {os.getpid()}"
+            )
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self._model = None
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+    @property
+    def loaded(self) -> Any:
+        if self._model is None:
+            raise RuntimeError(
+                f"{type(self).__name__} used before its model was loaded: use it as a Dagster resource "
+                "(setup_for_execution loads it) or call load_for_tests() in a test."
+            )
+        return self._model
+
+    def load_for_tests(self) -> "ModelResource":
+        """Load outside Dagster (unit tests, benchmarks)."""
+        self.setup_for_execution(dg.build_init_resource_context())
+        return self

@@ -1,0 +1,1 @@
+"""Local Hugging Face backends: sentence-transformers embeddings and transformers text generation."""

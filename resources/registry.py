@@ -1,0 +1,22 @@
+"""Provider names used in pipeline specs (`model.provider`), mapped to their resource classes.
+
+Entries are import strings so that listing providers never imports torch, openai or vllm.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+PROVIDERS: dict[str, str] = {
+    "sentence_transformers": "resources.hf.embedder:SentenceTransformerEmbedder",
+    "transformers": "resources.hf.generator:TransformersGenerator",
+}
+
+
+def provider_class(name: str) -> type:
+    try:
+        target = PROVIDERS[name]
+    except KeyError:
+        raise KeyError(f"unknown model provider {name!r}; known providers: {', '.join(sorted(PROVIDERS))}") from None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
