@@ -1,0 +1,1 @@
+"""Batch inference as partitioned Dagster assets: read -> prepare -> infer -> write."""

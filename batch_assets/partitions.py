@@ -1,0 +1,173 @@
+"""Partitioning: which Dagster partitions a pipeline has, and which source rows each one reads.
+
+- static: explicit keys substituted for {partition} in the source path, or one key per file found at load;
+- hash: N shards over every source row, by a stable hash of the row id;
+- daily: one partition per day, from a per-day file ({partition} = YYYY-MM-DD) or a timestamp column;
+- dynamic: keys added at run time (UI, sensor, `add_partitions`), each substituted for {partition}.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
+from batch_assets.storage import filesystem_for, is_remote
+
+RowFilter = Callable[[pa.RecordBatch], np.ndarray]
+
+
+@dataclass(frozen=True)
+class PartitionSlice:
+    """The files a partition reads and, for hash/daily-by-column partitioning, which of their rows it keeps."""
+
+    key: str
+    files: list[str]
+    row_filter: RowFilter | None = None
+
+
+def hash_shard_keys(count: int) -> list[str]:
+    width = max(2, len(str(count - 1)))
+    return [f"shard-{i:0{width}d}-of-{count:0{width}d}" for i in range(count)]
+
+
+def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
+    part = spec.partitioning
+    if part.kind == "static":
+        keys = part.keys or discover_file_keys(spec)
+        if not keys:
+            raise PipelineError(
+                "no partition keys: no file matches source.path and partitioning.keys is not set",
+                pipeline=spec.name,
+                file=spec.source.path,
+                fix="add files, or list partitioning.keys",
+            )
+        return dg.StaticPartitionsDefinition(keys)
+    if part.kind == "hash":
+        return dg.StaticPartitionsDefinition(hash_shard_keys(part.count or 1))
+    if part.kind == "daily":
+        return dg.DailyPartitionsDefinition(
+            start_date=part.start_date, end_date=part.end_date, timezone=part.timezone
+        )
+    return dg.DynamicPartitionsDefinition(name=spec.name)
+
+
+def _expand(pattern: str) -> list[str]:
+    """Files matching a local or s3:// glob, as URLs of the same kind, sorted."""
+    fs, path = filesystem_for(pattern)
+    if not globlib.has_magic(path):
+        return [pattern] if fs.exists(path) else []
+    matches = sorted(fs.glob(path))
+    if pattern.startswith("s3://"):
+        return [f"s3://{m}" for m in matches]
+    if is_remote(pattern):
+        return [fs.unstrip_protocol(m) for m in matches]
+    return matches
+
+
+def discover_file_keys(spec: PipelineSpec) -> list[str]:
+    """Static partitioning without keys: one key per file, the part of its name that {partition} matches."""
+    pattern = spec.source.path
+    if PARTITION_TOKEN not in pattern:
+        return [_file_key(u) for u in _expand(pattern)]
+    fs, path = filesystem_for(pattern)
+    regex = re.compile(
+        "^" + ".*".join(re.escape(p) for p in path.split(PARTITION_TOKEN)).replace(r"\*", "[^/]*") + "$"
+    )
+    keys = []
+    for url in _expand(pattern.replace(PARTITION_TOKEN, "*")):
+        _, p = filesystem_for(url)
+        m = regex.match(p)
+        if m:
+            prefix, _, suffix = path.partition(PARTITION_TOKEN)
+            keys.append(p[len(prefix) : len(p) - len(suffix)] if suffix else p[len(prefix) :])
+    return sorted(set(keys))
+
+
+def _file_key(url: str) -> str:
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    return name.split(".", 1)[0]
+
+
+def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
+    part, pattern = spec.partitioning, spec.source.path
+    if part.kind == "hash":
+        files = _expand(pattern)
+        index = hash_shard_keys(part.count or 1).index(key)
+        return PartitionSlice(key, _require(files, spec, key, pattern), _hash_filter(index, part.count or 1))
+    if part.kind == "daily" and part.time_column:
+        files = _expand(pattern)
+        return PartitionSlice(key, _require(files, spec, key, pattern), _day_filter(key, part.time_column, part.timezone))
+    if PARTITION_TOKEN in pattern:
+        concrete = pattern.replace(PARTITION_TOKEN, key)
+    elif part.kind == "static" and not part.keys:
+        # one partition per file found at load: pick that file again
+        concrete = next((u for u in _expand(pattern) if _file_key(u) == key), pattern + f" (key {key})")
+    else:
+        concrete = pattern
+    return PartitionSlice(key, _require(_expand(concrete), spec, key, concrete))
+
+
+def _require(files: list[str], spec: PipelineSpec, key: str, pattern: str) -> list[str]:
+    if not files:
+        raise PipelineError(
+            "the source path does not exist (no file matches it)",
+            pipeline=spec.name,
+            partition=key,
+            file=pattern,
+            fix="check source.path in the spec and that the files were uploaded; for s3:// check the bucket "
+            "and AWS_ENDPOINT_URL",
+        )
+    return files
+
+
+def stable_hash64(values: list[str]) -> np.ndarray:
+    """A hash of each row id that is the same in every process and Python version (unlike hash())."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(v.encode("utf-8"), digest_size=8).digest(), "little") for v in values),
+        dtype=np.uint64,
+        count=len(values),
+    )
+
+
+def _hash_filter(index: int, count: int) -> RowFilter:
+    def keep(batch: pa.RecordBatch) -> np.ndarray:
+        ids = batch.column("row_id").to_pylist()
+        return stable_hash64(ids) % np.uint64(count) == np.uint64(index)
+
+    return keep
+
+
+def _day_filter(key: str, column: str, timezone: str) -> RowFilter:
+    import pandas as pd
+
+    start = pd.Timestamp(datetime.strptime(key, "%Y-%m-%d")).tz_localize(timezone)
+    end = start + timedelta(days=1)
+
+    def keep(batch: pa.RecordBatch) -> np.ndarray:
+        raw = batch.column(column).to_pandas()
+        values = pd.to_datetime(raw, errors="coerce", format="mixed", utc=False)
+        bad = values.isna().to_numpy()
+        if bad.any():
+            # A row without a readable timestamp belongs to no day: fail rather than lose it.
+            i = int(np.argmax(bad))
+            raise PipelineError(
+                f"value {raw.iloc[i]!r} is not a timestamp, so the row belongs to no daily partition",
+                column=column,
+                row=int(batch.column("_source_row")[i].as_py()),
+                fix="fix or drop the row, or use another partitioning",
+            )
+        if values.dt.tz is None:
+            values = values.dt.tz_localize(timezone)
+        return ((values >= start) & (values < end)).to_numpy(dtype=bool, na_value=False)
+
+    return keep

@@ -1,0 +1,95 @@
+"""Preparation: render each row's model input, flag empty inputs, and check row ids are unique.
+
+Empty inputs are flagged (`input_empty`, `input_problem`), never dropped: the infer stage skips them and records
+a row error, so every input row id still appears exactly once in the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from batch_assets.errors import PipelineError
+from batch_assets.partitions import stable_hash64
+from batch_assets.spec import PipelineSpec
+
+
+
+class RowIdTracker:
+    """Remembers the 64-bit hash of every row id seen in a partition (8 bytes a row, not the ids themselves)."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        ids = batch.column("row_id").to_pylist()
+        for i, h in enumerate(stable_hash64(ids).tolist()):
+            if h in self._seen:
+                raise PipelineError(
+                    f"row id {ids[i]!r} appears more than once in the partition",
+                    file=batch.column("_source_file")[i].as_py(),
+                    row=batch.column("_source_row")[i].as_py(),
+                    fix="make the id column unique, or drop prepare.id_column to use '<file>:<row>' ids",
+                )
+            self._seen.add(h)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    tracker = RowIdTracker()
+    prep, kind = spec.prepare, spec.task.kind
+    for batch in batches:
+        tracker.add(batch)
+        n = batch.num_rows
+        problems: list[str | None] = [None] * n
+        extra_names: list[str] = []
+        extra_arrays: list[pa.Array] = []
+        if kind == "generate":
+            fields = prep.template_fields()
+            cols = {f: batch.column(f).to_pylist() for f in fields}
+            prompts: list[str | None] = []
+            for i in range(n):
+                empty = [f for f in fields if _blank(cols[f][i])]
+                if empty:
+                    problems[i] = f"empty input: column {', '.join(map(repr, empty))} is empty"
+                    prompts.append(None)
+                else:
+                    prompts.append(prep.template.format_map({f: cols[f][i] for f in fields}))  # type: ignore[union-attr]
+            extra_names.append("_prompt")
+            extra_arrays.append(pa.array(prompts, pa.string()))
+        elif kind in ("embed", "classify"):
+            texts = batch.column(prep.text_column).to_pylist()  # type: ignore[arg-type]
+            clean = []
+            for i, t in enumerate(texts):
+                if _blank(t):
+                    problems[i] = f"empty input: column {prep.text_column!r} is empty"
+                    clean.append(None)
+                else:
+                    clean.append(str(t))
+            extra_names.append("_text")
+            extra_arrays.append(pa.array(clean, pa.string()))
+        elif kind in ("embed_image", "classify_image"):
+            refs = batch.column(prep.image_columns[0]).to_pylist()
+            for i, ref in enumerate(refs):
+                if ref is None or (isinstance(ref, (str, bytes)) and not ref):
+                    problems[i] = f"empty input: column {prep.image_columns[0]!r} is empty"
+        if prep.image_columns and kind == "generate":
+            from batch_assets.images import prepare_images
+
+            images, image_problems = prepare_images(spec, batch)
+            problems = [p or q for p, q in zip(problems, image_problems)]
+            extra_names.append("_images")
+            extra_arrays.append(images)
+        flags = pa.array([p is not None for p in problems], pa.bool_())
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, *extra_arrays, flags, pa.array(problems, pa.string())],
+            names=[*batch.schema.names, *extra_names, "_input_empty", "_input_problem"],
+        )

@@ -1,0 +1,138 @@
+"""Deterministic sample datasets, generated on first use so a fresh clone has real data to run on."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+from collections.abc import Callable
+from datetime import date, timedelta
+
+from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
+from batch_assets.storage import atomic_output, filesystem_for
+
+SURNAMES = ["Alvarez", "Baker", "Chen", "Dubois", "Evans", "Fischer", "Garcia", "Hughes", "Ito", "Jensen", "Khan",
+            "Larsen", "Moreau", "Novak", "Okafor", "Patel", "Quinn", "Rossi", "Silva", "Tanaka", "Usman", "Varga",
+            "Weber", "Xu", "Yilmaz", "Zhang"]
+FIRST = ["Ana", "Ben", "Chloe", "Dev", "Ema", "Finn", "Gia", "Hugo", "Isla", "Jon", "Kai", "Lena", "Mia", "Noah"]
+WORDS = ["Apex", "Blue", "Cedar", "Delta", "Ember", "Falcon", "Granite", "Harbor", "Iris", "Juniper", "Keystone",
+         "Lumen", "Maple", "Nova", "Orbit", "Pioneer", "Quartz", "Summit", "Vertex", "Willow"]
+CITIES = [("Lisbon", "Portugal"), ("Austin", "United States"), ("Lyon", "France"), ("Osaka", "Japan"),
+          ("Toronto", "Canada"), ("Munich", "Germany"), ("Nairobi", "Kenya"), ("Sydney", "Australia"),
+          ("Pune", "India"), ("Bogota", "Colombia")]
+# Company-name shapes that hint at an industry, so the model has something to go on.
+COMPANY_SHAPES = [
+    "{s} & {s2} LLP", "{s} Law Group", "{s} Health Partners", "{w} Medical Center", "{w} Technologies",
+    "{w} Software Inc", "{w} Retail Group", "{s}'s Market", "{s} Consulting", "{w} Advisory",
+    "{w} Manufacturing Co", "{w} Industrial Works", "{w} Capital", "{s} Bank", "{w} Realty", "{s} Properties",
+    "{w} & {w2} Holdings",
+]
+TOPICS = {
+    "astronomy": ["telescopes resolve distant galaxies", "a comet passed close to the sun", "the moon's orbit slowly widens"],
+    "cooking": ["slow roasting brings out sweetness", "fresh basil lifts a tomato sauce", "bread needs time to proof"],
+    "finance": ["bond yields rose after the report", "diversified portfolios reduce risk", "the central bank held rates"],
+    "sports": ["the striker scored in extra time", "marathon training builds endurance", "the team won the final"],
+    "travel": ["night trains cross the mountains", "the old town is best on foot", "ferries link the islands"],
+}
+REVIEW_BITS = {
+    "positive": ["works perfectly", "I love it", "great value for money", "exceeded my expectations", "would buy again"],
+    "negative": ["broke after a week", "a waste of money", "terrible customer service", "does not work", "very disappointed"],
+}
+QUOTES = [
+    "I am going to be the king of the pirates!", "I'm going to be the next Hokage!",
+    "People's dreams... never end!", "A lesson without pain is meaningless.", "Believe in the me that believes in you!",
+    "If you don't take risks, you can't create a future.", "Whatever happens, happens.", "Plus Ultra!",
+]
+
+
+def _customers(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        shape = rng.choice(COMPANY_SHAPES)
+        city, country = rng.choice(CITIES)
+        first, last = rng.choice(FIRST), rng.choice(SURNAMES)
+        company = shape.format(s=rng.choice(SURNAMES), s2=rng.choice(SURNAMES), w=rng.choice(WORDS), w2=rng.choice(WORDS))
+        slug = "".join(ch for ch in company.lower() if ch.isalnum())[:20]
+        rows.append({
+            "customer_id": f"C{i:06d}", "first_name": first, "last_name": last, "company": company,
+            "city": city, "country": country, "email": f"{first.lower()}.{last.lower()}@{slug}.example",
+            "subscription_date": str(date(2024, 1, 1) + timedelta(days=rng.randrange(700))),
+            "website": f"https://{slug}.example",
+        })
+    return rows
+
+
+def _documents(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    topics = sorted(TOPICS)
+    for i in range(n):
+        topic = rng.choice(topics)
+        sentences = rng.sample(TOPICS[topic], k=2) + [f"note {rng.randrange(10_000)} on {topic}"]
+        rows.append({"doc_id": f"D{i:06d}", "topic": topic, "title": f"{topic.title()} note {i}",
+                     "text": ". ".join(sentences).capitalize() + ".",
+                     "created_at": f"2026-11-{1 + i % 7:02d}T{rng.randrange(24):02d}:00:00"})
+    return rows
+
+
+def _reviews(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        mood = rng.choice(sorted(REVIEW_BITS))
+        rows.append({"review_id": f"R{i:06d}", "product": f"{rng.choice(WORDS)} blender",
+                     "review_text": f"{rng.choice(REVIEW_BITS[mood]).capitalize()}, {rng.choice(REVIEW_BITS[mood])}."})
+    return rows
+
+
+def _quotes(rng: random.Random, n: int) -> list[dict]:
+    return [{"quote_id": f"Q{i:06d}", "quote": QUOTES[i % len(QUOTES)]} for i in range(n)]
+
+
+GENERATORS: dict[str, Callable[[random.Random, int], list[dict]]] = {
+    "customers": _customers, "documents": _documents, "reviews": _reviews, "quotes": _quotes,
+}
+
+
+def sample_targets(spec: PipelineSpec) -> list[str]:
+    """The files a sample dataset is split over: one per static key, or 4 files for a glob path."""
+    path = spec.source.path
+    if PARTITION_TOKEN in path:
+        keys = spec.partitioning.keys or [f"part-{i}" for i in range(4)]
+        return [path.replace(PARTITION_TOKEN, k) for k in keys]
+    if "*" in path:
+        return [path.replace("*", f"part-{i}", 1) for i in range(4)]
+    return [path]
+
+
+def ensure_sample(spec: PipelineSpec) -> list[str]:
+    """Write the spec's sample dataset where its source path points, unless it is there already."""
+    if spec.source.sample is None:
+        return []
+    targets = sample_targets(spec)
+    if all(filesystem_for(t)[0].exists(filesystem_for(t)[1]) for t in targets):
+        return []
+    rows = GENERATORS[spec.source.sample](random.Random(20261121), spec.source.sample_rows)
+    per = -(-len(rows) // len(targets))
+    for i, target in enumerate(targets):
+        chunk = rows[i * per : (i + 1) * per]
+        fs, path = filesystem_for(target)
+        with atomic_output(fs, path) as f:
+            f.write(_encode(chunk, spec.source.format))
+    return targets
+
+
+def _encode(rows: list[dict], fmt: str) -> bytes:
+    if fmt == "jsonl":
+        return "".join(json.dumps(r) + "\n" for r in rows).encode("utf-8")
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue().encode("utf-8")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out.getvalue()

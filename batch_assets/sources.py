@@ -1,0 +1,185 @@
+"""Streaming source readers (csv / parquet / jsonl, local or s3://) that attach a stable row id.
+
+Each yields record batches holding the declared columns plus `row_id`, `_source_file` and `_source_row`
+(1-based data row within its file), so later stages can say exactly where a bad row came from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from batch_assets.errors import PipelineError
+from batch_assets.partitions import PartitionSlice
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import filesystem_for
+
+LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row")
+_BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
+
+
+def read_partition(spec: PipelineSpec, part: PartitionSlice) -> Iterator[pa.RecordBatch]:
+    """All rows of one partition, batch by batch, after the partition's row filter."""
+    for url in part.files:
+        try:
+            for batch in _read_file(spec, url):
+                if part.row_filter is not None:
+                    batch = batch.filter(pa.array(part.row_filter(batch), type=pa.bool_()))
+                if batch.num_rows:
+                    yield batch
+        except PipelineError as exc:
+            raise exc.located(pipeline=spec.name, partition=part.key, file=url) from None
+
+
+def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:
+    fields = [source_schema.field(c) for c in spec.source.columns]
+    return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("_source_file", pa.string()),
+                               pa.field("_source_row", pa.int64())])
+
+
+def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    try:
+        size = fs.size(path)
+    except FileNotFoundError:
+        raise PipelineError("the source file does not exist", fix="check source.path") from None
+    if not size:
+        raise PipelineError(
+            "the source file is empty (0 bytes): it has no header and no rows",
+            fix="remove the empty file or re-export it with its header and rows",
+        )
+    readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
+    next_row = 1
+    for batch in readers[spec.source.format](spec, url):
+        n = batch.num_rows
+        rows = pa.array(range(next_row, next_row + n), type=pa.int64())
+        ids = _row_ids(spec, url, batch, rows)
+        next_row += n
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(c) for c in spec.source.columns] + [ids, pa.array([url] * n, pa.string()), rows],
+            names=[*spec.source.columns, *LINEAGE_COLUMNS],
+        )
+
+
+def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array) -> pa.Array:
+    id_column = spec.prepare.id_column
+    if id_column is None:
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        return pa.array([f"{name}:{r}" for r in rows.to_pylist()], pa.string())
+    ids = pc.cast(batch.column(id_column), pa.string())
+    blank = pc.or_kleene(pc.is_null(ids), pc.equal(pc.utf8_trim_whitespace(ids), ""))
+    blank = pc.fill_null(blank, True)
+    if pc.any(blank).as_py():
+        i = pc.index(blank, True).as_py()
+        raise PipelineError(
+            "the row id is empty", column=id_column, row=rows[i].as_py(),
+            fix="give every row an id, or drop prepare.id_column to use '<file>:<row>' ids",
+        )
+    return ids
+
+
+def _missing_columns(spec: PipelineSpec, found: list[str]) -> None:
+    missing = [c for c in spec.source.columns if c not in found]
+    if missing:
+        raise PipelineError(
+            f"input column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} not found; the file has "
+            f"columns: {', '.join(found) or '(none)'}",
+            column=missing[0],
+            fix="fix source.columns (and the template) in the spec, or the file's header",
+        )
+
+
+def _csv_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    read_opts = pacsv.ReadOptions(encoding=spec.source.encoding, block_size=_BLOCK)
+    with fs.open(path, "rb") as f:
+        try:
+            header = pacsv.open_csv(f, read_options=read_opts).schema.names
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _csv_error(spec, url, exc, []) from None
+    _missing_columns(spec, header)
+    # Declared columns are read as text: a streamed CSV infers types from its first block, and a later block
+    # that disagrees would fail half-way. Templates and ids are text anyway.
+    convert = pacsv.ConvertOptions(
+        include_columns=spec.source.columns, column_types={c: pa.string() for c in spec.source.columns}
+    )
+    with fs.open(path, "rb") as f:
+        try:
+            reader = pacsv.open_csv(f, read_options=read_opts, convert_options=convert)
+            for batch in reader:
+                yield batch
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _csv_error(spec, url, exc, header) from None
+
+
+def _csv_error(spec: PipelineSpec, url: str, exc: Exception, header: list[str]) -> PipelineError:
+    message = str(exc)
+    if "UTF8" in message or "utf-8" in message.lower() or isinstance(exc, UnicodeDecodeError):
+        row = _first_bad_utf8_row(url)
+        m = re.search(r"column #(\d+)", message)
+        column = header[int(m.group(1))] if m and header and int(m.group(1)) < len(header) else None
+        return PipelineError(
+            f"the file is not valid {spec.source.encoding}",
+            column=column,
+            row=row,
+            fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
+        )
+    if "Empty CSV file" in message:
+        return PipelineError("the CSV file is empty", fix="remove it or add its header and rows")
+    return PipelineError(f"the CSV file could not be parsed: {message}", fix="check quoting and the column count")
+
+
+def _first_bad_utf8_row(url: str) -> int | None:
+    """Error path only: find the data row (1-based, after the header) holding the first invalid UTF-8 byte."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        for line_no, line in enumerate(f):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return line_no  # line 0 is the header, so line N is data row N
+    return None
+
+
+def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as raw:
+        stream: object = raw
+        if spec.source.encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            stream = pa.transcoding_input_stream(pa.PythonFile(raw, mode="r"), spec.source.encoding, "utf-8")
+        try:
+            reader = pajson.open_json(stream, read_options=pajson.ReadOptions(block_size=_BLOCK))
+            checked = False
+            for batch in reader:
+                if not checked:
+                    _missing_columns(spec, batch.schema.names)
+                    checked = True
+                yield batch.select(spec.source.columns)
+        except pa.ArrowInvalid as exc:
+            message = str(exc)
+            if "UTF8" in message or "encoding" in message.lower():
+                raise PipelineError(
+                    f"the file is not valid {spec.source.encoding}",
+                    row=_first_bad_utf8_row(url),
+                    fix="re-encode the file as UTF-8, or set source.encoding in the spec",
+                ) from None
+            raise PipelineError(f"the JSON lines file could not be parsed: {message}",
+                                fix="each line must be one JSON object") from None
+
+
+def _parquet_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except pa.ArrowInvalid as exc:
+            raise PipelineError(f"the file is not a readable Parquet file: {exc}",
+                                fix="check source.format") from None
+        _missing_columns(spec, pf.schema_arrow.names)
+        yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)

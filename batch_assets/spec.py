@@ -1,0 +1,269 @@
+"""A pipeline declared once: source, partitioning, preparation, task, model and sink.
+
+Specs are YAML files validated by pydantic (typed, with field paths in every error) and turned into Dagster
+assets by `factory.py`. We chose pydantic + YAML over a Dagster component because a spec must also be readable
+outside a Dagster process (the demo driver, benchmarks, tests) and because pydantic's validators let us cross-check
+fields (template columns against source columns, task against provider capability) at definition load.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from resources.protocols import supports
+from resources.registry import PROVIDERS, provider_class
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+PARTITION_TOKEN = "{partition}"
+
+
+class SpecError(ValueError):
+    """A pipeline spec is invalid; raised at definition load, naming the pipeline, the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceSpec(_Strict):
+    format: Literal["csv", "parquet", "jsonl"] = Field(description="File format of every source file.")
+    path: str = Field(
+        description="Local path (relative paths resolve against the project folder) or s3://bucket/key. May hold "
+        "a glob (*, **, ?) and the token {partition}, replaced by the partition key."
+    )
+    columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error.")
+    encoding: str = Field(default="utf-8", description="Text encoding of csv/jsonl files.")
+    sample: Literal["customers", "documents", "reviews", "quotes"] | None = Field(
+        default=None, description="Generate this built-in sample dataset at `path` on first use if it is missing."
+    )
+    sample_rows: int = Field(default=2000, ge=1, description="Rows of sample data to generate in all.")
+    batch_rows: int = Field(default=4096, ge=1, description="Rows per record batch while streaming the source.")
+
+
+class PartitioningSpec(_Strict):
+    kind: Literal["static", "hash", "daily", "dynamic"]
+    keys: list[str] | None = Field(
+        default=None,
+        description="static: the partition keys, each substituted for {partition} in source.path. When omitted, "
+        "one partition per file matching source.path (with {partition} as the wildcard) at definition load.",
+    )
+    count: int | None = Field(default=None, ge=1, description="hash: number of shards over all source rows.")
+    start_date: str | None = Field(default=None, description="daily: first day, YYYY-MM-DD.")
+    end_date: str | None = Field(default=None, description="daily: day after the last one (default: open-ended).")
+    timezone: str = Field(default="UTC", description="daily: timezone of the day boundaries.")
+    time_column: str | None = Field(
+        default=None,
+        description="daily: keep rows whose timestamp in this column falls in the day, instead of reading a "
+        "per-day file through {partition} in source.path.",
+    )
+
+
+class PrepareSpec(_Strict):
+    id_column: str | None = Field(
+        default=None,
+        description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>'.",
+    )
+    template: str | None = Field(default=None, description="generate: user prompt with {column} fields.")
+    system: str | None = Field(default=None, description="generate: optional system message.")
+    text_column: str | None = Field(default=None, description="embed / classify: the column holding the text.")
+    input_columns: list[str] | None = Field(
+        default=None, description="predict: columns handed to the model class (default: all source columns)."
+    )
+    image_columns: list[str] = Field(
+        default_factory=list,
+        description="generate / image tasks: columns holding images (bytes, local paths, s3:// or http(s):// URLs).",
+    )
+    image_max_side: int = Field(default=768, ge=16, description="Images are resized to fit this many pixels.")
+
+    def template_fields(self) -> list[str]:
+        if not self.template:
+            return []
+        return [field for _, field, _, _ in string.Formatter().parse(self.template) if field]
+
+
+class GenerationParamsSpec(_Strict):
+    max_new_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class TaskSpec(_Strict):
+    kind: Literal["embed", "generate", "classify", "predict", "embed_image", "classify_image"]
+    output_column: str | None = Field(
+        default=None, description="Where the model output goes (default by kind: embedding, generated_text, label)."
+    )
+    params: GenerationParamsSpec = Field(default_factory=GenerationParamsSpec, description="generate: sampling.")
+    labels: list[str] | None = Field(
+        default=None,
+        description="generate: normalise the answer to one of these labels (else `default_label`) into "
+        "`label_column`; classify: the candidate labels.",
+    )
+    label_column: str | None = Field(default=None, description="generate with labels: the normalised label column.")
+    default_label: str = Field(default="Other", description="generate with labels: when no label matches.")
+    structured: dict[str, Any] | None = Field(
+        default=None,
+        description="generate: structured output (choices / regex / json_schema / pydantic_model, unnest); see "
+        "docs/structured-outputs.md.",
+    )
+
+    def resolved_output_column(self) -> str:
+        defaults = {
+            "embed": "embedding",
+            "embed_image": "embedding",
+            "generate": "generated_text",
+            "classify": "label",
+            "classify_image": "label",
+            "predict": "prediction",
+        }
+        return self.output_column or defaults[self.kind]
+
+
+class ModelSpec(_Strict):
+    provider: str = Field(description=f"One of: {', '.join(sorted(PROVIDERS))}.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The provider resource's fields. A value {env: NAME} is read from the environment at run time "
+        "(dg.EnvVar): use it for every secret.",
+    )
+
+
+class SinkSpec(_Strict):
+    path: str | None = Field(
+        default=None, description="Folder or s3:// prefix for outputs (default: <storage root>/<pipeline>/output)."
+    )
+    format: Literal["parquet", "jsonl", "csv"] = "parquet"
+    columns: list[str] | None = Field(default=None, description="Columns to keep, in order (default: all).")
+
+
+class RuntimeSpec(_Strict):
+    chunk_rows: int = Field(
+        default=512,
+        ge=1,
+        description="Rows handed to the model per call. Hundreds per call let providers sort by length and batch; "
+        "memory stays bounded by this, not by the partition size.",
+    )
+    gpus: int = Field(default=0, ge=0, description="GPUs each infer step asks for (Kubernetes executor).")
+
+
+class PipelineSpec(_Strict):
+    name: str = Field(description="Identifier: lower case, digits and underscores.")
+    description: str = ""
+    source: SourceSpec
+    partitioning: PartitioningSpec
+    prepare: PrepareSpec = Field(default_factory=PrepareSpec)
+    task: TaskSpec
+    model: ModelSpec
+    sink: SinkSpec = Field(default_factory=SinkSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> "PipelineSpec":
+        problems: list[tuple[str, str]] = []
+        if not NAME_RE.match(self.name):
+            problems.append(("name", f"{self.name!r} must match {NAME_RE.pattern}"))
+        columns = set(self.source.columns)
+        known = ", ".join(self.source.columns)
+        prep, task = self.prepare, self.task
+
+        def need_column(field: str, column: str | None) -> None:
+            if column is not None and column not in columns:
+                problems.append((field, f"column {column!r} is not in source.columns ({known})"))
+
+        need_column("prepare.id_column", prep.id_column)
+        need_column("prepare.text_column", prep.text_column)
+        need_column("partitioning.time_column", self.partitioning.time_column)
+        for col in prep.input_columns or []:
+            need_column("prepare.input_columns", col)
+        for col in prep.image_columns:
+            need_column("prepare.image_columns", col)
+        for field in prep.template_fields():
+            if not field.isidentifier():
+                problems.append(("prepare.template", f"field {{{field}}} must be a plain column name"))
+            elif field not in columns:
+                problems.append(("prepare.template", f"unknown column {{{field}}}; source.columns are: {known}"))
+
+        if task.kind == "generate" and not prep.template:
+            problems.append(("prepare.template", "task 'generate' needs a prompt template"))
+        if task.kind in ("embed", "classify") and not prep.text_column:
+            problems.append(("prepare.text_column", f"task {task.kind!r} needs the column holding the text"))
+        if task.kind in ("embed_image", "classify_image") and len(prep.image_columns) != 1:
+            problems.append(("prepare.image_columns", f"task {task.kind!r} needs exactly one image column"))
+        if task.kind in ("classify", "classify_image") and not task.labels:
+            problems.append(("task.labels", f"task {task.kind!r} needs candidate labels"))
+        if task.labels is not None and task.kind == "generate" and not task.label_column:
+            problems.append(("task.label_column", "labels are given: name the column for the normalised label"))
+
+        part = self.partitioning
+        if part.kind == "hash" and not part.count:
+            problems.append(("partitioning.count", "hash partitioning needs count (number of shards)"))
+        if part.kind == "daily" and not part.start_date:
+            problems.append(("partitioning.start_date", "daily partitioning needs start_date (YYYY-MM-DD)"))
+        needs_token = part.kind in ("static", "dynamic") or (part.kind == "daily" and not part.time_column)
+        if needs_token and part.kind != "static" and PARTITION_TOKEN not in self.source.path:
+            problems.append(("source.path", f"{part.kind} partitioning needs {PARTITION_TOKEN} in the path"))
+        if part.kind == "static" and part.keys and PARTITION_TOKEN not in self.source.path:
+            problems.append(("source.path", f"static keys are substituted for {PARTITION_TOKEN}: add it to the path"))
+        if part.kind == "hash" and PARTITION_TOKEN in self.source.path:
+            problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
+
+        if self.model.provider not in PROVIDERS:
+            problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
+        elif not supports(provider_class(self.model.provider), task.kind):
+            problems.append(("task.kind", f"provider {self.model.provider!r} cannot run task {task.kind!r}"))
+
+        produced = {task.resolved_output_column(), "error", "row_id"}
+        if task.kind == "generate":
+            produced |= {"prompt_tokens", "completion_tokens", task.label_column or ""}
+        if task.kind in ("classify", "classify_image"):
+            produced.add("score")
+        clash = sorted(produced & columns)
+        if clash:
+            problems.append(("task.output_column", f"output column(s) {clash} would overwrite source columns: rename"))
+        if self.sink.format == "csv" and task.kind in ("embed", "embed_image"):
+            problems.append(("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl"))
+        if problems:
+            raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))
+        return self
+
+
+def parse_spec(data: dict[str, Any], origin: str = "<dict>") -> PipelineSpec:
+    name = data.get("name", "?") if isinstance(data, dict) else "?"
+    try:
+        return PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  - {loc}: {msg}")
+        raise SpecError(f"pipeline {name!r} ({origin}) is invalid:\n" + "\n".join(lines)) from None
+
+
+def load_spec(path: str | Path) -> PipelineSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"pipeline spec {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"pipeline spec {path} must be a mapping with name, source, partitioning, task, model")
+    return parse_spec(data, origin=str(path))
+
+
+def load_specs(folder: str | Path) -> list[PipelineSpec]:
+    specs = [load_spec(p) for p in sorted(Path(folder).glob("*.yaml"))]
+    seen: dict[str, int] = {}
+    for spec in specs:
+        seen[spec.name] = seen.get(spec.name, 0) + 1
+    dupes = [n for n, c in seen.items() if c > 1]
+    if dupes:
+        raise SpecError(f"pipeline names must be unique; repeated in {folder}: {', '.join(dupes)}")
+    return specs

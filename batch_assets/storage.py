@@ -1,0 +1,189 @@
+"""Streaming Arrow storage on a local folder or any s3:// prefix, with atomic partition replacement.
+
+Every partition of every stage is one Parquet file written row group by row group as record batches arrive, so
+memory is bounded by the batch size, never by the partition. A partition becomes visible only when complete:
+- local disk: the file is written beside its target under a temporary name, fsynced, then `os.replace`d;
+- S3: the file is a multipart upload that is completed only on success and aborted on failure, and an S3
+  object only appears (or replaces the previous version) when its upload completes.
+Re-materializing a partition therefore replaces it exactly: readers see the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import dagster as dg
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import Field
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_STORAGE_ROOT = "data/storage"
+S3_BLOCK_SIZE = 16 * 2**20  # multipart part size: the most an S3 upload buffers in memory
+
+
+def is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def resolve_local(path: str) -> str:
+    """Relative local paths are resolved against the project folder, so a spec means the same from any cwd."""
+    path = path.removeprefix("file://")
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else PROJECT_ROOT / p)
+
+
+def s3_options_from_env() -> dict[str, Any]:
+    """Endpoint and region come from the environment at run time; credentials from boto's usual chain."""
+    client_kwargs: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        client_kwargs["endpoint_url"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        client_kwargs["region_name"] = region
+    return {"client_kwargs": client_kwargs}
+
+
+def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path within it) for a local path or an s3:// URL."""
+    if url.startswith("s3://"):
+        import s3fs
+
+        # skip_instance_cache: credentials and endpoint are read from the environment each time, not reused
+        # from an instance created before the environment changed (tests, long-lived code servers).
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options_from_env())
+        return fs, url.removeprefix("s3://")
+    if is_remote(url):
+        fs, path = fsspec.core.url_to_fs(url)
+        return fs, path
+    return LocalFileSystem(), resolve_local(url)
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def partition_file_name(partition: str, ext: str) -> str:
+    """Partition keys can hold any character (dynamic keys, time windows): quote them for paths."""
+    return urllib.parse.quote(partition, safe="-_.=") + f".{ext}"
+
+
+@contextmanager
+def atomic_output(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at `path` only if the block exits without an exception."""
+    if isinstance(fs, LocalFileSystem):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return
+    # Object stores: autocommit=False keeps the upload pending until commit(); discard() aborts it.
+    f = fs.open(path, "wb", autocommit=False, block_size=S3_BLOCK_SIZE)
+    try:
+        yield f
+    except BaseException:
+        f.discard()
+        raise
+    f.close()
+    f.commit()
+
+
+class ParquetPartitionWriter:
+    """Writes record batches to one Parquet file; the schema comes from `schema` or the first batch."""
+
+    def __init__(self, sink: IO[bytes], schema: pa.Schema | None = None):
+        self._sink = sink
+        self._schema = schema
+        self._writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        if self._writer is None:
+            self._schema = self._schema or batch.schema
+            self._writer = pq.ParquetWriter(self._sink, self._schema, compression="zstd")
+        if batch.schema != self._schema:
+            batch = batch.select(self._schema.names).cast(self._schema)
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        self._writer.write_table(table)
+        self.rows += batch.num_rows
+
+    def close(self, empty_schema: pa.Schema | None = None) -> None:
+        if self._writer is None:
+            # No batch came: still write a valid, empty file so the partition exists with 0 rows.
+            schema = self._schema or empty_schema or pa.schema([])
+            self._writer = pq.ParquetWriter(self._sink, schema, compression="zstd")
+        self._writer.close()
+
+
+@contextmanager
+def write_parquet(url: str, schema: pa.Schema | None = None) -> Iterator[ParquetPartitionWriter]:
+    """Stream batches into `url`; the file is committed atomically when the block ends without error."""
+    fs, path = filesystem_for(url)
+    with atomic_output(fs, path) as f:
+        writer = ParquetPartitionWriter(f, schema)
+        yield writer
+        writer.close(schema)
+
+
+def read_batches(url: str, columns: list[str] | None = None, batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        yield from pf.iter_batches(batch_size=batch_rows, columns=columns)
+
+
+def parquet_schema(url: str) -> pa.Schema:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f).schema_arrow
+
+
+def parquet_rows(url: str) -> int:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem_for(url)
+    return fs.exists(path)
+
+
+class ArrowStorage(dg.ConfigurableResource):
+    """Where every stage keeps its partitions: a local folder (default) or an s3://bucket/prefix.
+
+    S3 endpoint, region and credentials are read from the environment at run time (AWS_ENDPOINT_URL,
+    AWS_REGION, AWS_ACCESS_KEY_ID, ...); they are never part of this resource's config.
+    """
+
+    root: str = Field(
+        default="",
+        description=f"Local folder or s3://bucket/prefix. Empty: $BATCH_STORAGE_ROOT, else ./{DEFAULT_STORAGE_ROOT}.",
+    )
+
+    def resolved_root(self) -> str:
+        root = self.root or os.environ.get("BATCH_STORAGE_ROOT") or DEFAULT_STORAGE_ROOT
+        return root if is_remote(root) else resolve_local(root)
+
+    def stage_url(self, pipeline: str, stage: str, partition: str) -> str:
+        return join(self.resolved_root(), pipeline, stage, partition_file_name(partition, "parquet"))
+
+    def default_sink(self, pipeline: str) -> str:
+        return join(self.resolved_root(), pipeline, "output")
