@@ -10,6 +10,7 @@ import importlib
 PROVIDERS: dict[str, str] = {
     "sentence_transformers": "resources.hf.embedder:SentenceTransformerEmbedder",
     "transformers": "resources.hf.generator:TransformersGenerator",
+    "openai": "resources.openai_api.provider:OpenAICompatibleProvider",
 }
 
 

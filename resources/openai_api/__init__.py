@@ -1,0 +1,9 @@
+"""OpenAI-compatible HTTP endpoints (OpenAI, vLLM, llama.cpp's server) as a generation and embedding provider.
+
+The `openai` package is imported when the provider loads, not when this package is imported.
+"""
+
+from resources.openai_api.provider import EmbeddingError, OpenAICompatibleProvider
+from resources.openai_api.payloads import UnsupportedConstraintError
+
+__all__ = ["EmbeddingError", "OpenAICompatibleProvider", "UnsupportedConstraintError"]

@@ -1,0 +1,213 @@
+"""GenerationParams -> request arguments for the Chat Completions and Responses APIs, and responses -> Generation.
+
+Structured output is where OpenAI-compatible servers differ most, so the mapping is explicit per backend:
+
+- `response_format` (OpenAI, llama.cpp, most servers): `choices` and `json_schema` become a JSON schema, sent as
+  OpenAI's `{"type": "json_schema", ...}` or llama.cpp's `{"type": "json_object", "schema": ...}` form
+  (`json_schema_mode`); `regex` cannot be expressed and is refused before any request.
+- `vllm`: vLLM >= 0.12 `extra_body={"structured_outputs": {"choice" | "regex" | "json": ...}}`.
+- `vllm_legacy`: vLLM < 0.12 `extra_body={"guided_choice" | "guided_regex" | "guided_json": ...}`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from resources.openai_api.retry import MalformedResponse
+from resources.protocols import Generation, GenerationParams
+
+Api = Literal["chat", "responses"]
+ConstraintBackend = Literal["response_format", "vllm", "vllm_legacy"]
+JsonSchemaMode = Literal["json_schema", "json_object_schema"]
+
+# The key of the one-field object a `choices` constraint is wrapped in when it travels as a JSON schema: OpenAI's
+# strict mode needs an object at the top level, and an object is what llama.cpp's grammar handles best.
+LABEL_KEY = "label"
+# The Responses API refuses max_output_tokens below 16.
+RESPONSES_MIN_OUTPUT_TOKENS = 16
+
+
+class UnsupportedConstraintError(ValueError):
+    """The configured endpoint cannot enforce the structured-output constraint asked for."""
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """Everything about a generate call that is the same for every row."""
+
+    kwargs: dict[str, Any]  # create() arguments besides model and messages/input
+    max_tokens: int  # the completion budget actually sent (for the token-rate estimate)
+    decode: Callable[[str], str] = field(default=lambda text: text)  # raw content -> Generation.text
+
+
+def choices_schema(choices: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {LABEL_KEY: {"type": "string", "enum": list(choices)}},
+        "required": [LABEL_KEY],
+        "additionalProperties": False,
+    }
+
+
+def label_from_json(text: str) -> str:
+    """The label out of `{"label": "..."}`; the raw text when it is not that (the pipeline's validation reports it)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, dict) and isinstance(value.get(LABEL_KEY), str):
+        return value[LABEL_KEY]
+    return text
+
+
+def _schema_name(schema: dict[str, Any]) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "output"))[:64]
+    return name or "output"
+
+
+def _format_for(schema: dict[str, Any], mode: JsonSchemaMode, api: Api) -> dict[str, Any]:
+    if mode == "json_object_schema":
+        return {"type": "json_object", "schema": schema}
+    if api == "responses":  # the Responses API flattens OpenAI's json_schema wrapper
+        return {"type": "json_schema", "name": _schema_name(schema), "schema": schema, "strict": True}
+    return {"type": "json_schema", "json_schema": {"name": _schema_name(schema), "schema": schema, "strict": True}}
+
+
+def _choice_budget(choices: tuple[str, ...], wrapped: bool) -> int:
+    """Completion tokens a constrained answer can need: the longest label (at worst ~1 token per 2 characters)
+    plus, when wrapped in a JSON object, its braces, key and quotes. Without it a small max_new_tokens would cut
+    the JSON in half."""
+    longest = max(len(c) for c in choices) // 2 + 2
+    return longest + (12 if wrapped else 0)
+
+
+def plan_request(
+    params: GenerationParams,
+    *,
+    api: Api,
+    backend: ConstraintBackend,
+    json_schema_mode: JsonSchemaMode,
+    max_tokens_param: str,
+    extra_body: dict[str, Any],
+    store_responses: bool,
+) -> RequestPlan:
+    """Build the per-call request arguments; raises UnsupportedConstraintError before any request is sent."""
+    set_constraints = [n for n in ("choices", "regex", "json_schema") if getattr(params, n)]
+    if len(set_constraints) > 1:
+        raise UnsupportedConstraintError(f"at most one structured-output constraint per call; got {set_constraints}")
+    body = {**extra_body, **params.extra}
+    max_tokens = params.max_new_tokens
+    output_format: dict[str, Any] | None = None
+    decode: Callable[[str], str] = lambda text: text
+
+    if params.choices is not None:
+        if not params.choices:
+            raise UnsupportedConstraintError("`choices` is empty: give at least one label")
+        choices = tuple(params.choices)
+        if backend == "response_format":
+            output_format = _format_for(choices_schema(choices), json_schema_mode, api)
+            decode = label_from_json
+        elif backend == "vllm":
+            body["structured_outputs"] = {"choice": list(choices)}
+        else:
+            body["guided_choice"] = list(choices)
+        max_tokens = max(max_tokens, _choice_budget(choices, wrapped=backend == "response_format"))
+    elif params.regex is not None:
+        if backend == "response_format":
+            raise UnsupportedConstraintError(
+                "a `regex` constraint cannot be sent as an OpenAI response_format: OpenAI and llama.cpp's server "
+                "cannot enforce it. Use a vLLM endpoint with constraint_backend='vllm' (or 'vllm_legacy' before "
+                "vLLM 0.12), or express the output as a JSON schema."
+            )
+        if backend == "vllm":
+            body["structured_outputs"] = {"regex": params.regex}
+        else:
+            body["guided_regex"] = params.regex
+    elif params.json_schema is not None:
+        if backend == "response_format":
+            output_format = _format_for(params.json_schema, json_schema_mode, api)
+        elif backend == "vllm":
+            body["structured_outputs"] = {"json": params.json_schema}
+        else:
+            body["guided_json"] = params.json_schema
+
+    kwargs: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p}
+    if api == "chat":
+        kwargs[max_tokens_param] = max_tokens
+        if params.stop:
+            kwargs["stop"] = list(params.stop)
+        if params.seed is not None:
+            kwargs["seed"] = params.seed
+        if output_format is not None:
+            kwargs["response_format"] = output_format
+    else:
+        if params.stop:
+            raise UnsupportedConstraintError(
+                "the Responses API has no stop sequences; use api='chat' or drop `stop` from the task params"
+            )
+        max_tokens = max(max_tokens, RESPONSES_MIN_OUTPUT_TOKENS)
+        kwargs["max_output_tokens"] = max_tokens
+        kwargs["store"] = store_responses
+        if output_format is not None:
+            kwargs["text"] = {"format": output_format}
+    if body:
+        kwargs["extra_body"] = body
+    return RequestPlan(kwargs=kwargs, max_tokens=max_tokens, decode=decode)
+
+
+def _usage(usage: Any, prompt_field: str, completion_field: str) -> tuple[int | None, int | None]:
+    if usage is None:
+        return None, None
+    prompt, completion = getattr(usage, prompt_field, None), getattr(usage, completion_field, None)
+    return (prompt if isinstance(prompt, int) else None), (completion if isinstance(completion, int) else None)
+
+
+def chat_generation(completion: Any, decode: Callable[[str], str]) -> Generation:
+    """One row's Generation from a chat completion; MalformedResponse when the body is not a chat completion."""
+    choices = getattr(completion, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse(f"expected a chat completion with choices, got {_preview(completion)}")
+    message = getattr(choices[0], "message", None)
+    if message is None:
+        raise MalformedResponse("the first choice has no message")
+    prompt_tokens, completion_tokens = _usage(getattr(completion, "usage", None), "prompt_tokens", "completion_tokens")
+    content = getattr(message, "content", None)
+    if not isinstance(content, str):
+        refusal = getattr(message, "refusal", None)
+        reason = f"refused: {refusal}" if refusal else f"finish_reason={getattr(choices[0], 'finish_reason', None)}"
+        return Generation(None, prompt_tokens, completion_tokens, error=f"the model returned no text ({reason})")
+    return Generation(decode(content), prompt_tokens, completion_tokens)
+
+
+def responses_generation(response: Any, decode: Callable[[str], str]) -> Generation:
+    """One row's Generation from a Responses API response (text from its output_text parts)."""
+    output = getattr(response, "output", None)
+    if not isinstance(output, list):
+        raise MalformedResponse(f"expected a Responses API response with output, got {_preview(response)}")
+    prompt_tokens, completion_tokens = _usage(getattr(response, "usage", None), "input_tokens", "output_tokens")
+    if getattr(response, "status", None) == "failed":
+        error = getattr(getattr(response, "error", None), "message", None) or "no reason given"
+        return Generation(None, prompt_tokens, completion_tokens, error=f"the response failed: {error}")
+    texts, refusals = [], []
+    for item in output:
+        if getattr(item, "type", None) != "message":
+            continue
+        for part in getattr(item, "content", None) or []:
+            kind = getattr(part, "type", None)
+            if kind == "output_text":
+                texts.append(getattr(part, "text", "") or "")
+            elif kind == "refusal":
+                refusals.append(getattr(part, "refusal", "") or "")
+    if not texts:
+        reason = f"refused: {' '.join(refusals)}" if refusals else f"status={getattr(response, 'status', None)}"
+        return Generation(None, prompt_tokens, completion_tokens, error=f"the model returned no text ({reason})")
+    return Generation(decode("".join(texts)), prompt_tokens, completion_tokens)
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."

@@ -1,0 +1,401 @@
+"""Text generation and embeddings through any OpenAI-compatible HTTP endpoint (OpenAI, vLLM, llama.cpp, ...).
+
+Every row is its own request; up to `max_concurrency` are in flight at once, within the configured request and
+token rates. A row whose request fails for good (a 4xx, or retries used up) becomes `Generation(error=...)` and
+the call goes on; results always come back in input order, one per row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import dagster as dg
+import numpy as np
+from pydantic import Field, PrivateAttr
+
+from resources.base import ModelResource
+from resources.errors import MissingExtraError
+from resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
+from resources.openai_api.loop import BackgroundLoop
+from resources.openai_api.payloads import (
+    ConstraintBackend,
+    JsonSchemaMode,
+    RequestPlan,
+    chat_generation,
+    plan_request,
+    responses_generation,
+)
+from resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
+from resources.protocols import Conversation, Generation, GenerationParams
+
+log = logging.getLogger(__name__)
+
+# Local servers (llama.cpp, vLLM started without --api-key) ignore the key, but the SDK insists on one.
+PLACEHOLDER_KEY = "not-needed"
+
+
+class EmbeddingError(RuntimeError):
+    """A batch of texts could not be embedded; raised because an embedding array has no per-row error slot."""
+
+
+@dataclass
+class CallStats:
+    """Counters for one generate()/embed() call, logged at the end of it."""
+
+    rows: int = 0
+    failed_rows: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def note_retry(self, failure: Failure) -> None:
+        self.retries += 1
+        self.rate_limited += int(failure.rate_limited)
+
+
+@dataclass
+class _Loaded:
+    client: Any  # openai.AsyncOpenAI
+    runner: BackgroundLoop
+    gate: RequestGate
+    secret: str | None  # the key in use, kept only to scrub it from error text
+    last_stats: CallStats = field(default_factory=CallStats)
+
+
+def _public_url(url: str | None) -> str | None:
+    """A base URL as it may appear in metadata: no user:password@, no query string."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Run coroutines concurrently; results in order. On an unexpected exception (a bug, not an API failure) cancel
+    the rest and raise it, so nothing keeps running on the loop after the call returned."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in done:
+        if task.exception() is not None:
+            for other in pending:
+                other.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise task.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+class OpenAICompatibleProvider(ModelResource):
+    """Generation (chat or Responses API) and embeddings against an OpenAI-compatible endpoint."""
+
+    model: str = Field(description="Model name sent with every request (llama.cpp's server accepts any name).")
+    base_url: str | None = Field(
+        default=None,
+        description="Endpoint root including /v1, e.g. http://127.0.0.1:8080/v1 for llama.cpp or vLLM. None: the SDK "
+        "default (OPENAI_BASE_URL if set, else https://api.openai.com/v1).",
+    )
+    api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="Set it as dg.EnvVar('OPENAI_API_KEY') (in a pipeline spec: {env: OPENAI_API_KEY}) so it is read "
+        "at run time and hidden in the UI. Unset: the OPENAI_API_KEY environment variable at run time; local servers "
+        "that need no key get a placeholder. Never logged or recorded in metadata.",
+    )
+    api: Literal["chat", "responses"] = Field(
+        default="chat",
+        description="'chat' (/chat/completions, every compatible server) or 'responses' (/responses: OpenAI, vLLM).",
+    )
+    max_concurrency: int = Field(
+        default=8,
+        description="Requests in flight at once, across all calls in this process. Match it to what the server "
+        "serves in parallel (llama.cpp's server: 1 slot unless started with more).",
+    )
+    requests_per_minute: float | None = Field(
+        default=None, description="Request rate limit (leaky bucket, a tenth of a minute's budget may burst). None: no limit."
+    )
+    tokens_per_minute: float | None = Field(
+        default=None,
+        description="Token rate limit. Each request is charged its estimated prompt tokens (characters / 4) plus "
+        "its completion budget, before it is sent. None: no limit.",
+    )
+    max_attempts: int = Field(
+        default=5,
+        description="Attempts per request, the first included. Retried: 408, 409, 429, 5xx, timeouts, connection "
+        "errors, malformed JSON. Other 4xx fail the row at once.",
+    )
+    timeout_s: float = Field(default=60.0, description="Seconds one attempt may take, reading the whole body included.")
+    backoff_base_s: float = Field(
+        default=1.0, description="First retry waits about this long (half fixed, half random), doubling each attempt."
+    )
+    backoff_max_s: float = Field(default=30.0, description="Upper bound of one backoff wait.")
+    max_retry_after_s: float = Field(
+        default=120.0,
+        description="Retry-After is always honoured up to this many seconds; a server asking for longer fails the "
+        "row instead of stalling the run.",
+    )
+    embedding_model: str | None = Field(default=None, description="Model for embed(); None: `model`.")
+    dimensions: int | None = Field(
+        default=None, description="Embedding size to request (models that can shorten vectors) and to check. None: as returned."
+    )
+    embedding_batch_size: int = Field(default=128, description="Texts per embeddings request.")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra JSON fields merged into every generation request (server-specific options). Per-call "
+        "GenerationParams.extra wins over it.",
+    )
+    constraint_backend: ConstraintBackend = Field(
+        default="response_format",
+        description="How structured output (choices / regex / json_schema) is sent: 'response_format' (OpenAI, "
+        "llama.cpp; no regex), 'vllm' (extra_body structured_outputs, vLLM >= 0.12), 'vllm_legacy' "
+        "(guided_choice / guided_regex / guided_json, vLLM < 0.12).",
+    )
+    json_schema_mode: JsonSchemaMode = Field(
+        default="json_schema",
+        description="With constraint_backend='response_format': 'json_schema' (OpenAI's strict json_schema form) or "
+        "'json_object_schema' ({'type': 'json_object', 'schema': ...}, what llama.cpp's server accepts).",
+    )
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        default="max_tokens",
+        description="Chat API name of the completion budget: OpenAI's reasoning models need max_completion_tokens; "
+        "llama.cpp ignores it (and then generates until its context is full).",
+    )
+    store_responses: bool = Field(
+        default=False, description="Responses API `store`: keep batch outputs on the provider's side (off by default)."
+    )
+
+    _log: Any = PrivateAttr(default=None)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def load(self) -> _Loaded:
+        try:
+            import openai
+        except ImportError as exc:
+            raise MissingExtraError("openai", "openai", "the OpenAI-compatible provider") from exc
+        self._check_settings()
+        key = self.api_key or os.environ.get("OPENAI_API_KEY")
+        if not key:
+            if self.base_url is None and not os.environ.get("OPENAI_BASE_URL"):
+                raise ValueError(
+                    "no API key for api.openai.com: set api_key=dg.EnvVar('OPENAI_API_KEY') (in a pipeline spec "
+                    "`api_key: {env: OPENAI_API_KEY}`) or export OPENAI_API_KEY; for a local server set base_url"
+                )
+            key = PLACEHOLDER_KEY
+        client = openai.AsyncOpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s, max_retries=0)
+        runner = BackgroundLoop()
+
+        async def make_gate() -> RequestGate:  # built on the loop that will use it
+            return RequestGate(self.max_concurrency, self.requests_per_minute, self.tokens_per_minute)
+
+        try:
+            gate = runner.run(make_gate())
+        except BaseException:
+            runner.close()
+            raise
+        return _Loaded(client, runner, gate, secret=None if key == PLACEHOLDER_KEY else key)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        super().setup_for_execution(context)
+        self._log = context.log
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        loaded = self._model
+        if isinstance(loaded, _Loaded):
+            try:
+                loaded.runner.run(loaded.client.close())
+            finally:
+                loaded.runner.close()
+        super().teardown_after_execution(context)
+
+    def close(self) -> None:
+        """Release the client and its loop outside Dagster (tests, benchmarks)."""
+        self.teardown_after_execution(dg.build_init_resource_context())
+
+    def _check_settings(self) -> None:
+        problems = []
+        if self.max_concurrency < 1:
+            problems.append(f"max_concurrency={self.max_concurrency} (needs >= 1)")
+        if self.max_attempts < 1:
+            problems.append(f"max_attempts={self.max_attempts} (needs >= 1)")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s} (needs > 0)")
+        if self.embedding_batch_size < 1:
+            problems.append(f"embedding_batch_size={self.embedding_batch_size} (needs >= 1)")
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                problems.append(f"{name}={value} (needs > 0, or None for no limit)")
+        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
+            problems.append("backoff_base_s and backoff_max_s must be >= 0")
+        if problems:
+            raise ValueError(f"invalid {type(self).__name__} settings: {'; '.join(problems)}")
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(
+            api=self.api,
+            base_url=_public_url(self.base_url) or "SDK default (OPENAI_BASE_URL or api.openai.com)",
+            max_concurrency=self.max_concurrency,
+            max_attempts=self.max_attempts,
+            timeout_s=self.timeout_s,
+            constraint_backend=self.constraint_backend,
+        )
+        if self.constraint_backend == "response_format":
+            out["json_schema_mode"] = self.json_schema_mode
+        for name in ("requests_per_minute", "tokens_per_minute", "embedding_model", "dimensions"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @property
+    def last_call_stats(self) -> CallStats:
+        """Counters of the latest generate()/embed() call in this process."""
+        return self.loaded.last_stats
+
+    # -- capabilities ----------------------------------------------------------------------------------------------
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        loaded = self.loaded
+        # Built once for the call, before any request: an unsupported constraint fails the call here.
+        plan = plan_request(
+            params,
+            api=self.api,
+            backend=self.constraint_backend,
+            json_schema_mode=self.json_schema_mode,
+            max_tokens_param=self.max_tokens_param,
+            extra_body=self.extra_body,
+            store_responses=self.store_responses,
+        )
+        if self.api == "responses" and params.seed is not None:
+            self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
+        stats = CallStats(rows=len(conversations))
+        rows = [list(c) for c in conversations]
+        results = loaded.runner.run(_all_or_first_error([self._generate_row(loaded, c, plan, stats) for c in rows]))
+        if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
+            raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
+        loaded.last_stats = stats
+        self._info(
+            "%s %s: %d rows, %d failed, %d retries (%d rate-limited), %d prompt + %d completion tokens",
+            self.model_name(), self.api, stats.rows, stats.failed_rows, stats.retries, stats.rate_limited,
+            stats.prompt_tokens, stats.completion_tokens,
+        )
+        return results
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        loaded = self.loaded
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dimensions or 0), dtype=np.float32)
+        size = self.embedding_batch_size
+        batches = [texts[i : i + size] for i in range(0, len(texts), size)]
+        stats = CallStats(rows=len(texts))
+        outcomes = loaded.runner.run(_all_or_first_error([self._embed_batch(loaded, b, stats) for b in batches]))
+        loaded.last_stats = stats
+        failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
+        if failed:
+            first, failure = failed[0]
+            raise EmbeddingError(
+                f"{len(failed)} of {len(batches)} embedding requests to model {self._embedding_model()!r} failed; "
+                f"first: rows {first * size}-{min(len(texts), (first + 1) * size) - 1}: {failure.message}"
+            )
+        widths = {o.shape[1] for o in outcomes}
+        if len(widths) != 1:
+            raise EmbeddingError(f"the endpoint returned vectors of different sizes {sorted(widths)} in one call")
+        self._info("%s embeddings: %d texts, %d retries", self._embedding_model(), len(texts), stats.retries)
+        return np.concatenate(outcomes, axis=0)
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            self.max_attempts, self.timeout_s, self.backoff_base_s, self.backoff_max_s, self.max_retry_after_s
+        )
+
+    def _embedding_model(self) -> str:
+        return self.embedding_model or self.model
+
+    async def _generate_row(
+        self, loaded: _Loaded, conversation: Conversation, plan: RequestPlan, stats: CallStats
+    ) -> Generation:
+        client = loaded.client
+        if self.api == "chat":
+
+            async def send() -> Generation:
+                completion = await client.chat.completions.create(model=self.model, messages=conversation, **plan.kwargs)
+                return chat_generation(completion, plan.decode)
+
+        else:
+
+            async def send() -> Generation:
+                response = await client.responses.create(model=self.model, input=conversation, **plan.kwargs)
+                return responses_generation(response, plan.decode)
+
+        outcome = await call_with_retries(
+            send,
+            policy=self._policy(),
+            gate=loaded.gate,
+            cost=estimate_chat_tokens(conversation, plan.max_tokens),
+            secret=loaded.secret,
+            on_retry=stats.note_retry,
+        )
+        if isinstance(outcome, Failure):
+            stats.failed_rows += 1
+            return Generation(text=None, error=outcome.message)
+        stats.prompt_tokens += outcome.prompt_tokens or 0
+        stats.completion_tokens += outcome.completion_tokens or 0
+        return outcome
+
+    async def _embed_batch(self, loaded: _Loaded, texts: list[str], stats: CallStats) -> np.ndarray | Failure:
+        kwargs: dict[str, Any] = {"encoding_format": "float"}
+        if self.dimensions is not None:
+            kwargs["dimensions"] = self.dimensions
+
+        async def send() -> np.ndarray:
+            response = await loaded.client.embeddings.create(model=self._embedding_model(), input=texts, **kwargs)
+            return _embedding_rows(response, len(texts), self.dimensions)
+
+        return await call_with_retries(
+            send,
+            policy=self._policy(),
+            gate=loaded.gate,
+            cost=estimate_text_tokens(texts),
+            secret=loaded.secret,
+            on_retry=stats.note_retry,
+        )
+
+    def _info(self, msg: str, *args: Any, level: int = logging.INFO) -> None:
+        if self._log is not None:
+            self._log.log(level, msg % args)
+        else:
+            log.log(level, msg, *args)
+
+
+def _embedding_rows(response: Any, expected: int, dimensions: int | None) -> np.ndarray:
+    """(rows, dim) float32 in input order, from an embeddings response."""
+    data = getattr(response, "data", None)
+    if not isinstance(data, list):
+        raise MalformedResponse("expected an embeddings response with a data list")
+    if len(data) != expected:
+        raise UnusableResponse(f"the endpoint returned {len(data)} embeddings for {expected} texts")
+    ordered = sorted(data, key=lambda d: getattr(d, "index", 0) or 0)
+    shape_problem = (
+        "expected one flat vector of one size per text (llama.cpp's server returns one vector per token for models "
+        "without a pooling layer)"
+    )
+    try:
+        array = np.asarray([d.embedding for d in ordered], dtype=np.float32)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise UnusableResponse(shape_problem) from exc
+    if array.ndim != 2:
+        raise UnusableResponse(f"{shape_problem}; got an array of shape {array.shape}")
+    if dimensions is not None and array.shape[1] != dimensions:
+        raise UnusableResponse(f"asked for {dimensions}-dimensional embeddings, got {array.shape[1]}")
+    return array
