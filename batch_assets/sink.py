@@ -51,8 +51,12 @@ def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], 
     with atomic_output(fs, path) as f:
         if spec.sink.format == "parquet":
             writer = ParquetPartitionWriter(f, schema)
-            for batch in batches:
-                writer.write(batch)
+            try:
+                for batch in batches:
+                    writer.write(batch)
+            except BaseException:
+                writer.abort()
+                raise
             writer.close(schema)
             return writer.rows
         if spec.sink.format == "csv":

@@ -243,6 +243,8 @@ def parse_spec(data: dict[str, Any], origin: str = "<dict>") -> PipelineSpec:
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
             msg = err["msg"].removeprefix("Value error, ")
+            if isinstance(err.get("input"), (str, int, float)) and err["type"] != "value_error":
+                msg += f" (got {err['input']!r})"
             lines.append(f"  - {loc}: {msg}")
         raise SpecError(f"pipeline {name!r} ({origin}) is invalid:\n" + "\n".join(lines)) from None
 

@@ -124,6 +124,12 @@ class ParquetPartitionWriter:
         self._writer.write_table(table)
         self.rows += batch.num_rows
 
+    def abort(self) -> None:
+        """Forget the half-written file: pyarrow would otherwise write a footer into it when collected."""
+        if self._writer is not None:
+            self._writer.is_open = False
+            self._writer = None
+
     def close(self, empty_schema: pa.Schema | None = None) -> None:
         if self._writer is None:
             # No batch came: still write a valid, empty file so the partition exists with 0 rows.
@@ -138,7 +144,11 @@ def write_parquet(url: str, schema: pa.Schema | None = None) -> Iterator[Parquet
     fs, path = filesystem_for(url)
     with atomic_output(fs, path) as f:
         writer = ParquetPartitionWriter(f, schema)
-        yield writer
+        try:
+            yield writer
+        except BaseException:
+            writer.abort()
+            raise
         writer.close(schema)
 
 
