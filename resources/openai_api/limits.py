@@ -63,7 +63,7 @@ class RequestGate:
         self._resume_at = 0.0  # loop time before which nothing is sent (server-requested pause)
 
     def pause_for(self, seconds: float) -> None:
-        """Hold every request back for `seconds` (a 429/503 with Retry-After speaks for the whole endpoint)."""
+        """Hold every request back for `seconds`: a Retry-After (on a 429 or 503) speaks for the whole endpoint."""
         loop = asyncio.get_running_loop()
         self._resume_at = max(self._resume_at, loop.time() + seconds)
 

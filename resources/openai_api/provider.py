@@ -86,7 +86,14 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
     tasks = [asyncio.ensure_future(c) for c in coros]
     if not tasks:
         return []
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:  # the caller was interrupted: stop every request of the call
+        pending = {t for t in tasks if not t.done()}
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise
     for task in done:
         if task.exception() is not None:
             for other in pending:
@@ -168,7 +175,7 @@ class OpenAICompatibleProvider(ModelResource):
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         default="max_tokens",
         description="Chat API name of the completion budget: OpenAI's reasoning models need max_completion_tokens; "
-        "llama.cpp ignores it (and then generates until its context is full).",
+        "llama.cpp's server ignores that name and then generates with no limit.",
     )
     store_responses: bool = Field(
         default=False, description="Responses API `store`: keep batch outputs on the provider's side (off by default)."
@@ -209,17 +216,17 @@ class OpenAICompatibleProvider(ModelResource):
         self._log = context.log
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        loaded = self._model
+        self.close()
+        super().teardown_after_execution(context)
+
+    def close(self) -> None:
+        """Close the HTTP client and stop the provider's event loop (Dagster teardown calls it; so can tests)."""
+        loaded, self._model = self._model, None
         if isinstance(loaded, _Loaded):
             try:
                 loaded.runner.run(loaded.client.close())
             finally:
                 loaded.runner.close()
-        super().teardown_after_execution(context)
-
-    def close(self) -> None:
-        """Release the client and its loop outside Dagster (tests, benchmarks)."""
-        self.teardown_after_execution(dg.build_init_resource_context())
 
     def _check_settings(self) -> None:
         problems = []

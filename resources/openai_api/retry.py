@@ -107,6 +107,9 @@ def classify_failure(exc: BaseException, *, secret: str | None, timeout_s: float
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in RETRYABLE_STATUS or status >= 500
+        if status == 429 and exc.code == "insufficient_quota":
+            # OpenAI's 429 for an exhausted quota: waiting will not help, and every row would wait in vain
+            return Failure("HTTP 429: insufficient quota on this account (billing), not a rate limit", False)
         if status == 401:
             # Servers (OpenAI included) echo part of a rejected key in the message: say what to do instead.
             message = "HTTP 401: the endpoint rejected the API key; check `api_key` (OPENAI_API_KEY) for this endpoint"
