@@ -11,6 +11,10 @@ PROVIDERS: dict[str, str] = {
     "sentence_transformers": "resources.hf.embedder:SentenceTransformerEmbedder",
     "transformers": "resources.hf.generator:TransformersGenerator",
     "openai": "resources.openai_api.provider:OpenAICompatibleProvider",
+    "custom": "resources.custom.provider:CustomModelProvider",
+    "zero_shot": "resources.custom.zero_shot:ZeroShotEmbeddingClassifier",
+    "hf_pipeline": "resources.custom.hf_pipeline:HFPipelineProvider",
+    "image": "resources.vision.provider:ImageModelProvider",
 }
 
 
