@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -129,7 +129,9 @@ class OpenAICompatibleProvider(ModelResource):
         "serves in parallel (llama.cpp's server: 1 slot unless started with more).",
     )
     requests_per_minute: float | None = Field(
-        default=None, description="Request rate limit (leaky bucket, a tenth of a minute's budget may burst). None: no limit."
+        default=None,
+        description="Request rate limit (leaky bucket; a tenth of a minute's budget may go out in one burst). None: "
+        "no limit.",
     )
     tokens_per_minute: float | None = Field(
         default=None,
@@ -153,7 +155,8 @@ class OpenAICompatibleProvider(ModelResource):
     )
     embedding_model: str | None = Field(default=None, description="Model for embed(); None: `model`.")
     dimensions: int | None = Field(
-        default=None, description="Embedding size to request (models that can shorten vectors) and to check. None: as returned."
+        default=None,
+        description="Embedding size to request (models that can shorten vectors) and to check. None: as returned.",
     )
     embedding_batch_size: int = Field(default=128, description="Texts per embeddings request.")
     extra_body: dict[str, Any] = Field(
@@ -336,7 +339,9 @@ class OpenAICompatibleProvider(ModelResource):
         if self.api == "chat":
 
             async def send() -> Generation:
-                completion = await client.chat.completions.create(model=self.model, messages=conversation, **plan.kwargs)
+                completion = await client.chat.completions.create(
+                    model=self.model, messages=conversation, **plan.kwargs
+                )
                 return chat_generation(completion, plan.decode)
 
         else:

@@ -60,7 +60,11 @@ def model_path() -> str:
 
 def check_available() -> None:
     """Raise LlamaServerUnavailable saying what to install when the server cannot start here."""
-    if importlib.util.find_spec("llama_cpp") is None:
+    try:
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
         raise LlamaServerUnavailable(
             "llama-cpp-python is not installed: `make install-test` (or CMAKE_ARGS=-DGGML_NATIVE=OFF pip install "
             "'llama-cpp-python[server]==0.3.36', a ~5 min source build)"

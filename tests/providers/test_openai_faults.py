@@ -47,7 +47,7 @@ def test_faults_are_retried_waits_honoured_and_every_row_accounted_for(llama_ser
         5: lambda n: Respond(400, error_body("'messages' is malformed")),  # not retryable
         6: lambda n: Respond(429, error_body("slow down"), {"retry-after-ms": "300"}) if n == 1 else Forward(),
         7: lambda n: (
-            Respond(429, error_body("slow down"), {"retry-after": email.utils.formatdate(http_date_target, usegmt=True)})
+            Respond(429, error_body("slow"), {"retry-after": email.utils.formatdate(http_date_target, usegmt=True)})
             if n == 1
             else Forward()
         ),
@@ -150,7 +150,7 @@ def test_requests_per_minute_spaces_requests_beyond_the_burst():
 
 
 def test_an_exhausted_quota_is_not_waited_for():
-    quota = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}
+    quota = {"error": {"message": "Quota exceeded", "type": "insufficient_quota", "code": "insufficient_quota"}}
     with FaultProxy(lambda key, n: Respond(429, quota, {"retry-after": "1"})) as proxy:
         provider = provider_for(proxy, max_attempts=5)
         try:

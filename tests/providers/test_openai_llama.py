@@ -70,7 +70,8 @@ def test_json_schema_output_is_json_that_fits_the_schema(llama):
         "required": ["industry", "is_public"],
         "additionalProperties": False,
     }
-    results = llama.generate([conversation(c) for c in COMPANIES[:2]], GenerationParams(max_new_tokens=40, json_schema=schema))
+    rows = [conversation(c) for c in COMPANIES[:2]]
+    results = llama.generate(rows, GenerationParams(max_new_tokens=40, json_schema=schema))
     for r in results:
         assert r.error is None
         value = json.loads(r.text)

@@ -10,7 +10,7 @@ import pytest
 
 from resources.errors import ModelLoadError
 from resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
-from resources.openai_api.payloads import choices_schema, label_from_json, plan_request
+from resources.openai_api.payloads import choices_schema, plan_request
 from resources.openai_api.retry import backoff_delay, redact, retry_after_seconds
 from resources.protocols import GenerationParams
 
