@@ -113,6 +113,9 @@ class TaskSpec(_Strict):
         description="generate: structured output (choices / regex / json_schema / pydantic_model, unnest); see "
         "docs/structured-outputs.md.",
     )
+    structured_column: str = Field(
+        default="parsed", description="generate with structured: the column for the validated value (unless unnest)."
+    )
 
     def resolved_output_column(self) -> str:
         defaults = {
@@ -198,6 +201,16 @@ class PipelineSpec(_Strict):
             problems.append(("prepare.image_columns", f"task {task.kind!r} needs exactly one image column"))
         if task.kind in ("classify", "classify_image") and not task.labels:
             problems.append(("task.labels", f"task {task.kind!r} needs candidate labels"))
+        if task.structured is not None:
+            if task.kind != "generate":
+                problems.append(("task.structured", "structured output applies to task 'generate' only"))
+            else:
+                from resources.structured import StructuredOutput
+
+                try:
+                    StructuredOutput.model_validate(task.structured)
+                except (ValueError, ImportError) as exc:
+                    problems.append(("task.structured", str(exc).replace("\n", " ")))
         if task.labels is not None and task.kind == "generate" and not task.label_column:
             problems.append(("task.label_column", "labels are given: name the column for the normalised label"))
 
