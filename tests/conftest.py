@@ -92,8 +92,8 @@ GENERATE_SPEC: dict[str, Any] = {
     "task": {
         "kind": "generate",
         "params": {"max_new_tokens": 6},
-        "labels": ["Law Firm", "Healthcare", "Technology", "Other"],
-        "label_column": "industry",
+        "structured": {"choices": ["Law Firm", "Healthcare", "Technology", "Other"]},
+        "structured_column": "industry",
     },
     "model": {"provider": "transformers", "config": {"batch_size": 8}},
     "runtime": {"chunk_rows": 4},
