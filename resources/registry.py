@@ -10,6 +10,7 @@ import importlib
 PROVIDERS: dict[str, str] = {
     "sentence_transformers": "resources.hf.embedder:SentenceTransformerEmbedder",
     "transformers": "resources.hf.generator:TransformersGenerator",
+    "vllm": "resources.vllm_engine.provider:VLLMEngineProvider",
     "openai": "resources.openai_api.provider:OpenAICompatibleProvider",
     "custom": "resources.custom.provider:CustomModelProvider",
     "zero_shot": "resources.custom.zero_shot:ZeroShotEmbeddingClassifier",

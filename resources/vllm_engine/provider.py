@@ -1,0 +1,217 @@
+"""vLLM offline engine as a model provider: `LLM.chat` for generation, `LLM.embed` for embeddings.
+
+Written against vLLM 0.33.0 (the release on PyPI when this was written; `pip install 'batch-assets[vllm]'` on a
+CUDA node). vLLM >= 0.12 takes structured outputs as `SamplingParams(structured_outputs=StructuredOutputsParams(
+choice=... | regex=... | json=...))`; 0.10-0.11 as `guided_decoding=GuidedDecodingParams(...)`; both are handled
+(`resources/vllm_engine/api.py`).
+
+Each `generate()` call hands the engine every row of the chunk in one `LLM.chat` call (vLLM schedules and batches
+them itself), ordered so that conversations sharing a prefix are adjacent (prefix caching reuses their KV blocks),
+and maps the outputs back to the caller's order. One engine serves either generation or embeddings, whichever the
+model is (`runner`).
+
+The engine is built in `load()` by `build_engine(provider, api)` from the classes `vllm_api` names: the real vLLM
+by default, a recording stand-in in tests (see `api.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, PrivateAttr
+
+from resources.base import ModelResource
+from resources.protocols import Conversation, Generation, GenerationParams
+from resources.structured import StructuredOutput
+from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
+from resources.vllm_engine.requests import prefix_order, sampling_params, to_generation
+
+# Engine arguments the provider sets from its own fields; `engine_kwargs` may not repeat them.
+_OWNED_ENGINE_ARGS = frozenset(
+    {
+        "model", "runner", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+        "enable_prefix_caching", "dtype", "quantization", "seed", "enable_lora", "max_loras", "max_lora_rank",
+    }
+)
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES, as set by Kubernetes' device plugin, is respected)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except ImportError:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return len([d for d in visible.split(",") if d.strip()]) if visible else 0
+
+
+class VLLMEngineProvider(ModelResource):
+    """Offline batch inference with vLLM's `LLM` engine on the GPUs of this process (one step, one pod)."""
+
+    model: str = Field(description="Hugging Face id or local path of the model (a generative or an embedding model).")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="vLLM runner: 'generate' for chat models, 'pooling' for embedding models."
+    )
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPUs to shard the model over. Default: every GPU visible to the process (the pod's GPU limit).",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM may take (weights + KV cache)."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Context length cap; lower it to fit a long-context model's KV cache."
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse KV blocks across rows sharing a prompt prefix (system prompt, few-shot)."
+    )
+    dtype: str = Field(default="auto", description="'auto', 'bfloat16', 'float16' or 'float32'.")
+    quantization: str | None = Field(default=None, description="vLLM quantization method, e.g. 'awq', 'gptq', 'fp8'.")
+    seed: int = Field(default=0, description="Engine seed; GenerationParams.seed sets a per-request seed on top.")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters by name -> local path. Non-empty turns on enable_lora in the engine.",
+    )
+    lora: str | None = Field(
+        default=None, description="Name of the adapter (in `lora_adapters`) applied to every request; default: the "
+        "only adapter when there is exactly one, else none.",
+    )
+    max_lora_rank: int | None = Field(default=None, ge=1, description="Largest LoRA rank among the adapters.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the chat template, e.g. {'enable_thinking': false} for Qwen3."
+    )
+    json_any_whitespace: bool = Field(
+        default=False,
+        description="JSON-schema outputs may contain free whitespace (off: compact JSON, fewer tokens, no runaway "
+        "newlines).",
+    )
+    normalize_embeddings: bool = Field(default=False, description="L2-normalise vectors returned by embed().")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vllm.LLM / EngineArgs keyword arguments (enforce_eager, max_num_seqs, "
+        "kv_cache_dtype, ...).",
+    )
+    vllm_api: str = Field(
+        default=DEFAULT_API,
+        description="Import path of the function returning the vLLM classes to use. Leave the default; tests set "
+        "'tests.providers.vllm_standin:standin_vllm_api'.",
+    )
+
+    _api: VLLMApi | None = PrivateAttr(default=None)
+
+    # -- set-up ----------------------------------------------------------------------------------------------------
+    def active_lora(self) -> str | None:
+        if self.lora is not None:
+            if self.lora not in self.lora_adapters:
+                raise ValueError(f"lora {self.lora!r} is not in lora_adapters ({sorted(self.lora_adapters)})")
+            return self.lora
+        return next(iter(self.lora_adapters)) if len(self.lora_adapters) == 1 else None
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for `vllm.LLM`."""
+        clash = sorted(set(self.engine_kwargs) & _OWNED_ENGINE_ARGS)
+        if clash:
+            raise ValueError(f"engine_kwargs {clash} repeat provider fields; set those fields instead")
+        args: dict[str, Any] = {
+            "model": self.model,
+            "runner": self.runner,
+            "tensor_parallel_size": self.tensor_parallel_size or max(1, visible_gpu_count()),
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "dtype": self.dtype,
+            "seed": self.seed,
+        }
+        if self.max_model_len is not None:
+            args["max_model_len"] = self.max_model_len
+        if self.quantization is not None:
+            args["quantization"] = self.quantization
+        if self.lora_adapters:
+            args.update(enable_lora=True, max_loras=len(self.lora_adapters))
+            if self.max_lora_rank is not None:
+                args["max_lora_rank"] = self.max_lora_rank
+        return {**args, **self.engine_kwargs}
+
+    def load(self) -> Any:
+        self.active_lora()  # a misnamed adapter fails before minutes of engine start-up
+        api = load_vllm_api(self.vllm_api)
+        self._api = api
+        return build_engine(self, api)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(
+            tensor_parallel_size=self.tensor_parallel_size or "all visible GPUs",
+            dtype=self.dtype,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        if self.quantization:
+            out["quantization"] = self.quantization
+        if self.max_model_len:
+            out["max_model_len"] = self.max_model_len
+        if self.active_lora():
+            out["lora"] = self.active_lora()
+        if self._api is not None:
+            out["vllm_version"] = self._api.version
+        return out
+
+    @property
+    def api(self) -> VLLMApi:
+        self.loaded  # noqa: B018 - raises the "used before load" error
+        assert self._api is not None
+        return self._api
+
+    def lora_request(self) -> Any:
+        name = self.active_lora()
+        if name is None:
+            return None
+        # LoRARequest ids must be positive and stable per adapter within the engine.
+        return self.api.LoRARequest(name, sorted(self.lora_adapters).index(name) + 1, self.lora_adapters[name])
+
+    # -- capabilities ----------------------------------------------------------------------------------------------
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        if not conversations:
+            return []
+        engine = self.loaded
+        structured = StructuredOutput.from_params(params)  # refuses two constraints before any GPU work
+        order = prefix_order(conversations)
+        outputs = engine.chat(
+            [list(conversations[i]) for i in order],
+            sampling_params=sampling_params(self.api, params, self.json_any_whitespace),
+            use_tqdm=False,
+            lora_request=self.lora_request(),
+            chat_template_kwargs=self.chat_template_kwargs or None,
+        )
+        if len(outputs) != len(order):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")
+        results: list[Generation | None] = [None] * len(conversations)
+        for output, row in zip(outputs, order):
+            results[row] = to_generation(output, params, structured)
+        return [r for r in results if r is not None]
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        outputs = self.loaded.embed(list(texts), use_tqdm=False, lora_request=self.lora_request())
+        if len(outputs) != len(texts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} embeddings for {len(texts)} texts")
+        for row, out in enumerate(outputs):
+            if getattr(out, "error", None) is not None or not out.outputs.embedding:
+                raise RuntimeError(
+                    f"vLLM could not embed text {row} of this chunk: {getattr(out, 'error', None) or 'empty vector'}"
+                )
+        vectors = np.asarray([out.outputs.embedding for out in outputs], dtype=np.float32)
+        if self.normalize_embeddings:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.where(norms == 0, 1.0, norms)
+        return vectors
+
+
+def build_engine(provider: VLLMEngineProvider, api: VLLMApi) -> Any:
+    """Start the engine: `vllm.LLM(**engine_args)` (or the stand-in `api.LLM` in tests). Slow: loads weights,
+    profiles memory and captures CUDA graphs."""
+    return api.LLM(**provider.engine_args())
