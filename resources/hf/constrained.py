@@ -138,28 +138,8 @@ def generate_constrained(
     logits_size = _logits_size(loaded.model)
 
     ids = generator.encode_prompts(conversations)
-    results: list[Generation | None] = [None] * len(ids)
-    limit = loaded.context_length - params.max_new_tokens
-    runnable = []
-    for i, row_ids in enumerate(ids):
-        if len(row_ids) > limit:
-            results[i] = Generation(
-                text=None,
-                prompt_tokens=len(row_ids),
-                error=f"prompt is {len(row_ids)} tokens; the model's context of {loaded.context_length} leaves "
-                f"{limit} after max_new_tokens={params.max_new_tokens}: shorten the template or the input",
-            )
-        else:
-            runnable.append(i)
-    runnable.sort(key=lambda i: len(ids[i]))  # similar lengths together: less padding per batch
-
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": tok.pad_token_id}
-    if params.temperature > 0:
-        gen_kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-    else:
-        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    results, runnable = generator.plan_batches(ids, params)
+    gen_kwargs = generator.sampling_kwargs(params)
 
     for start in range(0, len(runnable), generator.batch_size):
         idx = runnable[start : start + generator.batch_size]

@@ -78,12 +78,11 @@ class TransformersGenerator(ModelResource):
         prompts = [tok.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False) for c in conversations]
         return tok(prompts, add_special_tokens=False)["input_ids"]
 
-    def generate_free(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
-        import torch
-
+    def plan_batches(
+        self, ids: list[list[int]], params: GenerationParams
+    ) -> tuple[list[Generation | None], list[int]]:
+        """Rows too long for the context get a row error; the rest come back sorted by length (less padding)."""
         loaded = self.loaded
-        tok = loaded.tokenizer
-        ids = self.encode_prompts(conversations)
         results: list[Generation | None] = [None] * len(ids)
         limit = loaded.context_length - params.max_new_tokens
         runnable = []
@@ -97,14 +96,31 @@ class TransformersGenerator(ModelResource):
                 )
             else:
                 runnable.append(i)
-        runnable.sort(key=lambda i: len(ids[i]))  # similar lengths together: less padding per batch
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "pad_token_id": tok.pad_token_id}
+        runnable.sort(key=lambda i: len(ids[i]))
+        return results, runnable
+
+    def sampling_kwargs(self, params: GenerationParams) -> dict[str, Any]:
+        """generate() keyword arguments for the sampling settings (greedy when temperature is 0)."""
+        import torch
+
+        kwargs: dict[str, Any] = {"max_new_tokens": params.max_new_tokens,
+                                  "pad_token_id": self.loaded.tokenizer.pad_token_id}
         if params.temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
             if params.seed is not None:
                 torch.manual_seed(params.seed)
         else:
-            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kwargs
+
+    def generate_free(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        import torch
+
+        loaded = self.loaded
+        tok = loaded.tokenizer
+        ids = self.encode_prompts(conversations)
+        results, runnable = self.plan_batches(ids, params)
+        gen_kwargs = self.sampling_kwargs(params)
         for start in range(0, len(runnable), self.batch_size):
             idx = runnable[start : start + self.batch_size]
             batch = tok.pad({"input_ids": [ids[i] for i in idx]}, padding=True, return_tensors="pt").to(loaded.device)
