@@ -100,6 +100,7 @@ def atomic_output(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes
         yield f
     except BaseException:
         f.discard()
+        f.closed = True  # discarded: nothing may flush it later (fsspec files flush on garbage collection)
         raise
     f.close()
     f.commit()
