@@ -14,6 +14,7 @@ compiled (a regex feature xgrammar lacks, a broken schema) fails the call: every
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from collections.abc import Sequence
@@ -128,10 +129,13 @@ def generate_constrained(
     generator: TransformersGenerator, conversations: Sequence[Conversation], params: GenerationParams
 ) -> list[Generation]:
     """Generate with the constraint in `params` enforced; one Generation per conversation, in order."""
-    import torch
-
     structured = StructuredOutput.from_params(params)
     assert structured is not None, "generate_constrained called without a constraint"
+    if structured.choices is not None:
+        # The grammar may spell a label in many small tokens; a label never needs more tokens than characters,
+        # and decoding stops at end-of-sequence once a label is complete, so this budget costs nothing extra.
+        longest = max(len(choice) for choice in structured.choices)
+        params = dataclasses.replace(params, max_new_tokens=max(params.max_new_tokens, longest + 1))
     loaded = generator.loaded
     tok = loaded.tokenizer
     compiled = compile_constraint(grammar_compiler(loaded), params)
@@ -141,13 +145,11 @@ def generate_constrained(
     results, runnable = generator.plan_batches(ids, params)
     gen_kwargs = generator.sampling_kwargs(params)
 
+    prefix = generator.shared_prefix([ids[i] for i in runnable])
     for start in range(0, len(runnable), generator.batch_size):
         idx = runnable[start : start + generator.batch_size]
-        batch = tok.pad({"input_ids": [ids[i] for i in idx]}, padding=True, return_tensors="pt").to(loaded.device)
         processor = _grammar_logits_processor(compiled, len(idx), logits_size)
-        with torch.inference_mode():
-            out = loaded.model.generate(**batch, logits_processor=[processor], **gen_kwargs)
-        new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
+        new_tokens = generator.generate_batch([ids[i] for i in idx], gen_kwargs, prefix, [processor])
         for row, i in zip(new_tokens, idx):
             n = _count_until_eos(row, loaded.eos_ids)
             ended = n > 0 and row[n - 1] in loaded.eos_ids
