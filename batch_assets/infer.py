@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
 from resources.protocols import Generation, GenerationParams
 
@@ -183,12 +184,21 @@ def _classify(spec, provider, batch, live, errors, stats, params):
 
 def _predict(spec, provider, batch, live, errors, stats, params):
     columns = spec.prepare.input_columns or spec.source.columns
-    inputs = {c: [batch.column(c)[i].as_py() for i in live] for c in columns}
+    inputs = {}
+    for c in columns:
+        values = batch.column(c).to_pylist()
+        inputs[c] = [values[i] for i in live]
     out = provider.predict(inputs) if live else []
     n = batch.num_rows
-    if isinstance(out, dict):
-        return list(out), [pa.array(_scatter(list(v), live, n)) for v in out.values()]
-    return [spec.task.resolved_output_column()], [pa.array(_scatter(list(out), live, n))]
+    outputs = out if isinstance(out, dict) else {spec.task.resolved_output_column(): out}
+    clash = sorted(set(outputs) & set(batch.schema.names))
+    if clash:
+        raise PipelineError(
+            f"the model returned column(s) {clash}, which the input already has",
+            column=clash[0],
+            fix="rename the model's output keys, or set task.output_column",
+        )
+    return list(outputs), [pa.array(_scatter(list(v), live, n)) for v in outputs.values()]
 
 
 def _load_images(spec, batch, live, errors):
