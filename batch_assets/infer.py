@@ -39,11 +39,7 @@ class InferStats:
 
 def generation_params(spec: PipelineSpec) -> GenerationParams:
     p = spec.task.params
-    constraints: dict[str, Any] = {}
-    if spec.task.structured:
-        from resources.structured import StructuredOutput
-
-        constraints = StructuredOutput.model_validate(spec.task.structured).generation_constraints()
+    constraints = spec.task.structured.generation_constraints() if spec.task.structured else {}
     return GenerationParams(
         max_new_tokens=p.max_new_tokens,
         temperature=p.temperature,

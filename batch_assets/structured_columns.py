@@ -12,9 +12,10 @@ def structured_columns(
 ) -> tuple[list[str], list[pa.Array]]:
     """Validate each row's text against `task.structured`; failures become row errors (text stays in the
     output column), successes become a struct/string column or, with `unnest`, one column per property."""
-    from resources.structured import StructuredOutput, build_columns, validate_output
+    from resources.structured import build_columns, validate_output
 
-    structured = StructuredOutput.model_validate(spec.task.structured)
+    structured = spec.task.structured
+    assert structured is not None
     values = []
     for i, text in enumerate(texts):
         if errors[i] is not None:

@@ -74,3 +74,12 @@ def test_duplicate_pipeline_names_rejected(tmp_path: Path) -> None:
 def test_shipped_pipelines_are_valid() -> None:
     specs = load_specs(Path(__file__).parents[1] / "batch_assets" / "pipelines")
     assert {"customer_industry", "document_embeddings"} <= {s.name for s in specs}
+
+
+def test_structured_output_is_validated_at_load() -> None:
+    msg = _bad(GENERATE_SPEC, lambda r: r["task"].update(structured={"choices": ["a"], "regex": "x"}))
+    assert "pipeline 'companies'" in msg and "task.structured" in msg and "exactly one of" in msg
+    msg = _bad(GENERATE_SPEC, lambda r: r["task"].update(structured={"pydantic_model": "nope.mod:X"}))
+    assert "task.structured" in msg and "nope.mod" in msg
+    msg = _bad(EMBED_SPEC, lambda r: r["task"].update(structured={"choices": ["a"]}))
+    assert "applies to task 'generate' only" in msg
