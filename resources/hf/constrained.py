@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from resources.hf.generator import _count_until_eos, _cut_at_stop
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput, validate_output
 
@@ -137,33 +136,22 @@ def generate_constrained(
         longest = max(len(choice) for choice in structured.choices)
         params = dataclasses.replace(params, max_new_tokens=max(params.max_new_tokens, longest + 1))
     loaded = generator.loaded
-    tok = loaded.tokenizer
     compiled = compile_constraint(grammar_compiler(loaded), params)
     logits_size = _logits_size(loaded.model)
 
-    ids = generator.encode_prompts(conversations)
-    results, runnable = generator.plan_batches(ids, params)
-    gen_kwargs = generator.sampling_kwargs(params)
-
-    prefix = generator.shared_prefix([ids[i] for i in runnable])
-    for start in range(0, len(runnable), generator.batch_size):
-        idx = runnable[start : start + generator.batch_size]
-        processor = _grammar_logits_processor(compiled, len(idx), logits_size)
-        new_tokens = generator.generate_batch([ids[i] for i in idx], gen_kwargs, prefix, [processor])
-        for row, i in zip(new_tokens, idx):
-            n = _count_until_eos(row, loaded.eos_ids)
-            ended = n > 0 and row[n - 1] in loaded.eos_ids
-            text = _cut_at_stop(tok.decode(row[:n], skip_special_tokens=True), params.stop)
-            value, problem = validate_output(text, structured)
-            error = None
-            if problem is not None:
-                error = (
-                    f"stopped at max_new_tokens={params.max_new_tokens} before the {structured.kind} output was "
-                    f"complete ({problem}); raise max_new_tokens or simplify the schema"
-                    if not ended
-                    else problem
-                )
-            results[i] = Generation(
-                text=text, prompt_tokens=len(ids[i]), completion_tokens=n, error=error, parsed=value
+    def finish(prompt_tokens: int, row: list[int], n: int, text: str) -> Generation:
+        ended = n > 0 and row[n - 1] in loaded.eos_ids
+        value, problem = validate_output(text, structured)
+        error = None
+        if problem is not None:
+            error = (
+                f"stopped at max_new_tokens={params.max_new_tokens} before the {structured.kind} output was "
+                f"complete ({problem}); raise max_new_tokens or simplify the schema"
+                if not ended
+                else problem
             )
-    return [r for r in results if r is not None]
+        return Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=n, error=error, parsed=value)
+
+    return generator.run(
+        conversations, params, finish, lambda rows: _grammar_logits_processor(compiled, rows, logits_size)
+    )

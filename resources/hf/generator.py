@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,23 +176,38 @@ class TransformersGenerator(ModelResource):
             out = loaded.model.generate(**inputs, **gen_kwargs, **extra)
         return out[:, inputs["input_ids"].shape[1] :].tolist()
 
-    def generate_free(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+    def run(
+        self,
+        conversations: Sequence[Conversation],
+        params: GenerationParams,
+        finish: Callable[[int, list[int], int, str], Generation],
+        make_processor: Callable[[int], Any] | None = None,
+    ) -> list[Generation]:
+        """The batch loop every generation mode shares: encode, plan, reuse the shared prefix, generate.
+
+        `finish(prompt_tokens, new_tokens, n, text)` turns one row's output (n tokens up to end-of-sequence, decoded
+        and cut at stop strings) into its Generation; `make_processor(rows)` adds a logits processor per batch."""
         loaded = self.loaded
-        tok = loaded.tokenizer
         ids = self.encode_prompts(conversations)
         results, runnable = self.plan_batches(ids, params)
         gen_kwargs = self.sampling_kwargs(params)
         prefix = self.shared_prefix([ids[i] for i in runnable])
         for start in range(0, len(runnable), self.batch_size):
             idx = runnable[start : start + self.batch_size]
-            new_tokens = self.generate_batch([ids[i] for i in idx], gen_kwargs, prefix)
+            processors = [make_processor(len(idx))] if make_processor else None
+            new_tokens = self.generate_batch([ids[i] for i in idx], gen_kwargs, prefix, processors)
             for row, i in zip(new_tokens, idx):
                 n = _count_until_eos(row, loaded.eos_ids)
-                text = tok.decode(row[:n], skip_special_tokens=True)
-                results[i] = Generation(
-                    text=_cut_at_stop(text, params.stop), prompt_tokens=len(ids[i]), completion_tokens=n
-                )
+                text = _cut_at_stop(loaded.tokenizer.decode(row[:n], skip_special_tokens=True), params.stop)
+                results[i] = finish(len(ids[i]), row, n, text)
         return [r for r in results if r is not None]
+
+    def generate_free(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+        return self.run(
+            conversations,
+            params,
+            lambda prompt_tokens, _row, n, text: Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=n),
+        )
 
 
 def _count_until_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:
