@@ -1,32 +1,32 @@
 """Turns a PipelineSpec into four partitioned assets (read -> prepare -> infer -> write) plus checks.
 
-All four share one partitions definition and a single-run backfill policy: a backfill or a
+The factory only wires: each stage's logic lives in its own module and is called once per partition of the run
+(`sources.run_read`, `prepare.run_prepare`, `infer.run_infer`, `sink.run_write`), returning a `PartitionReport`.
+All four assets share one partitions definition and a single-run backfill policy: a backfill or a
 `--partition-range` run processes its partitions in one run, so the infer step loads the model once.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
-import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.infer import InferStats, infer_batches
-from batch_assets.partitions import partitions_def_for, resolve_partition, stable_hash64
-from batch_assets.prepare import prepare_batches
+from batch_assets.infer import InferStats, run_infer
+from batch_assets.partitions import partitions_def_for
+from batch_assets.prepare import run_prepare
+from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
 from batch_assets.sample_data import ensure_sample
-from batch_assets.sink import sink_columns, sink_url, write_sink
-from batch_assets.sources import read_partition
+from batch_assets.sink import run_write
+from batch_assets.sources import run_read
 from batch_assets.spec import PipelineSpec
-from batch_assets.storage import ArrowStorage, exists, parquet_schema, read_batches, write_parquet
+from batch_assets.storage import ArrowStorage
 from resources.registry import provider_class
 
-# backfill_policy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
+# BackfillPolicy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
 warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_policy.*")
 
 STAGES = ("raw", "prepared", "inferred", "output")
@@ -52,56 +52,24 @@ def build_model_resource(spec: PipelineSpec) -> dg.ConfigurableResource:
     return provider_class(spec.model.provider)(**config)
 
 
-@dataclass
-class PartitionReport:
-    key: str
-    rows_in: int = 0
-    rows_out: int = 0
-    seconds: float = 0.0
-    path: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+def run_partitions(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport]
+) -> list[PartitionReport]:
+    """Run one stage over every partition of the run, in order; each partition gets its own metadata.
 
-
-def _metadata(reports: list[PartitionReport], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    rows_in = sum(r.rows_in for r in reports)
-    rows_out = sum(r.rows_out for r in reports)
-    seconds = sum(r.seconds for r in reports)
-    md: dict[str, Any] = {
-        "rows_in": dg.MetadataValue.int(rows_in),
-        "rows_out": dg.MetadataValue.int(rows_out),
-        "duration_s": dg.MetadataValue.float(round(seconds, 3)),
-        "rows_per_s": dg.MetadataValue.float(round(rows_out / seconds, 1) if seconds else 0.0),
-        "path": dg.MetadataValue.path(reports[0].path) if len(reports) == 1 else dg.MetadataValue.text(
-            ", ".join(r.path for r in reports)
-        ),
-    }
-    if len(reports) > 1:
-        md["partitions"] = dg.MetadataValue.json(
-            {r.key: {"rows_in": r.rows_in, "rows_out": r.rows_out, "seconds": round(r.seconds, 3), "path": r.path,
-                     **r.extra} for r in reports}
-        )
-    md.update(extra or {})
-    return md
-
-
-def _upstream(storage: ArrowStorage, spec: PipelineSpec, stage: str, key: str) -> str:
-    url = storage.stage_url(spec.name, stage, key)
-    if not exists(url):
-        raise PipelineError(
-            f"upstream asset {spec.name}/{stage} has no data for this partition",
-            pipeline=spec.name,
-            partition=key,
-            file=url,
-            fix=f"materialize {spec.name}/{stage} for partition {key!r} first (or the whole pipeline)",
-        )
-    return url
-
-
-def _located(spec: PipelineSpec, key: str, fn: Callable[[], PartitionReport]) -> PartitionReport:
-    try:
-        return fn()
-    except PipelineError as exc:
-        raise exc.located(pipeline=spec.name, partition=key) from None
+    Errors are located (pipeline, partition) before they fail the step.
+    """
+    reports: list[PartitionReport] = []
+    keys = context.partition_keys
+    for key in keys:
+        try:
+            report = stage_fn(key)
+        except PipelineError as exc:
+            raise exc.located(pipeline=spec.name, partition=key) from None
+        reports.append(report)
+        if len(keys) > 1:
+            context.add_asset_metadata(partition_metadata(report), partition_key=key)
+    return reports
 
 
 def _stage_asset(
@@ -144,19 +112,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         made = ensure_sample(spec)
         if made:
             context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
-
-        def one(key: str) -> PartitionReport:
-            start = time.perf_counter()
-            part = resolve_partition(spec, key)
-            url = storage.stage_url(spec.name, "raw", key)
-            with write_parquet(url) as writer:
-                for batch in read_partition(spec, part):
-                    writer.write(batch)
-            return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url,
-                                   {"files": len(part.files)})
-
-        reports = [_located(spec, k, lambda k=k: one(k)) for k in context.partition_keys]
-        return dg.MaterializeResult(metadata=_metadata(reports, {"source_files": sum(r.extra["files"] for r in reports)}))
+        reports = run_partitions(context, spec, lambda key: run_read(spec, storage, key))
+        return dg.MaterializeResult(metadata=summary_metadata(reports))
 
     @_stage_asset(spec, "prepared", pdef,
                   "Prepare: renders each row's model input (prompt template / text column), flags empty inputs "
@@ -164,23 +121,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   {"python", "pyarrow"}, {STORAGE_KEY})
     def prepared(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
-
-        def one(key: str) -> PartitionReport:
-            start = time.perf_counter()
-            src = _upstream(storage, spec, "raw", key)
-            url = storage.stage_url(spec.name, "prepared", key)
-            flagged = 0
-            with write_parquet(url) as writer:
-                for batch in prepare_batches(spec, read_batches(src, batch_rows=spec.source.batch_rows)):
-                    flagged += sum(batch.column("_input_empty").to_pylist())
-                    writer.write(batch)
-            return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url,
-                                   {"empty_inputs": flagged})
-
-        reports = [_located(spec, k, lambda k=k: one(k)) for k in context.partition_keys]
-        return dg.MaterializeResult(
-            metadata=_metadata(reports, {"empty_inputs": dg.MetadataValue.int(sum(r.extra["empty_inputs"] for r in reports))})
-        )
+        reports = run_partitions(context, spec, lambda key: run_prepare(spec, storage, key))
+        return dg.MaterializeResult(metadata=summary_metadata(
+            reports, {"empty_inputs": dg.MetadataValue.int(sum(r.extra["empty_inputs"] for r in reports))}))
 
     gpu_tags = (
         {"dagster-k8s/config": {"container_config": {"resources": {
@@ -201,21 +144,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)
         stats = InferStats()
-
-        def one(key: str) -> PartitionReport:
-            start = time.perf_counter()
-            before = (stats.rows_out, stats.rows_with_errors)
-            src = _upstream(storage, spec, "prepared", key)
-            url = storage.stage_url(spec.name, "inferred", key)
-            with write_parquet(url) as writer:
-                chunks = read_batches(src, batch_rows=spec.runtime.chunk_rows)
-                for batch in infer_batches(spec, provider, chunks, stats):
-                    writer.write(batch)
-            rows = stats.rows_out - before[0]
-            return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
-                                   {"rows_with_errors": stats.rows_with_errors - before[1]})
-
-        reports = [_located(spec, k, lambda k=k: one(k)) for k in context.partition_keys]
+        reports = run_partitions(context, spec, lambda key: run_infer(spec, storage, key, provider, stats))
         describe = provider.describe()
         extra: dict[str, Any] = {
             "model": dg.MetadataValue.text(str(describe.get("model"))),
@@ -236,7 +165,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             metadata={"rows_with_errors": stats.rows_with_errors, "rows": stats.rows_out,
                       "samples": "\n".join(stats.error_samples) or "none"},
         )
-        return dg.MaterializeResult(metadata=_metadata(reports, extra), check_results=[check])
+        return dg.MaterializeResult(metadata=summary_metadata(reports, extra), check_results=[check])
 
     @_stage_asset(spec, "output", pdef,
                   f"Write: publishes the sink columns as {spec.sink.format} under "
@@ -248,86 +177,20 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                                  "once in the output.")])
     def output(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
-        previews: list[str] = []
-
-        def one(key: str) -> PartitionReport:
-            start = time.perf_counter()
-            src = _upstream(storage, spec, "inferred", key)
-            raw_url = _upstream(storage, spec, "raw", key)
-            schema = parquet_schema(src)
-            columns = sink_columns(spec, schema.names)
-            missing = [c for c in columns if c not in schema.names]
-            if missing:
-                raise PipelineError(f"sink columns {missing} are not produced; available: {schema.names}",
-                                    column=missing[0], fix="fix sink.columns in the spec")
-            out_schema = pa.schema([schema.field(c) for c in columns])
-            seen: set[int] = set()
-            dupes: list[str] = []
-            head: list[pa.RecordBatch] = []
-
-            def batches() -> Iterator[pa.RecordBatch]:
-                for batch in read_batches(src, batch_rows=spec.source.batch_rows):
-                    ids = batch.column("row_id").to_pylist()
-                    for rid, h in zip(ids, stable_hash64(ids).tolist()):
-                        if h in seen:
-                            dupes.append(rid)
-                        seen.add(h)
-                    out = batch.select(columns)
-                    if sum(b.num_rows for b in head) < 5:
-                        head.append(out.slice(0, 5))
-                    yield out
-
-            url = sink_url(spec, storage, key)
-            expected = {h for b in read_batches(raw_url, columns=["row_id"]) for h in stable_hash64(b.column(0).to_pylist()).tolist()}
-            rows = write_sink(spec, url, _verified(batches(), seen, dupes, expected, spec, key), out_schema)
-            previews.append(f"**{key}**\n\n" + markdown_preview(head, columns))
-            return PartitionReport(key, rows, rows, time.perf_counter() - start, url, {"rows_in_source": len(expected)})
-
-        reports = [_located(spec, k, lambda k=k: one(k)) for k in context.partition_keys]
+        reports = run_partitions(context, spec, lambda key: run_write(spec, storage, key))
+        previews = "\n\n".join(f"**{r.key}**\n\n{r.extra['preview'].value}" for r in reports[:3])
         check = dg.AssetCheckResult(
             check_name="rows_exactly_once",
-            passed=True,  # a mismatch raises before the output is committed (see _verified)
+            passed=True,  # a mismatch raises before the output is committed (see sink._verified)
             metadata={"source_rows": sum(r.extra["rows_in_source"] for r in reports),
                       "output_rows": sum(r.rows_out for r in reports)},
         )
         return dg.MaterializeResult(
-            metadata=_metadata(reports, {"preview": dg.MetadataValue.md("\n\n".join(previews[:3]))}),
+            metadata=summary_metadata(reports, {"preview": dg.MetadataValue.md(previews)}),
             check_results=[check],
         )
 
     return [raw, prepared, inferred, output]
-
-
-def _verified(batches: Iterator[pa.RecordBatch], seen: set[int], dupes: list[str], expected: set[int],
-              spec: PipelineSpec, key: str) -> Iterator[pa.RecordBatch]:
-    """Pass batches through; after the last one, fail (inside the atomic write, so nothing is committed) if any
-    source row is missing or repeated."""
-    yield from batches
-    missing = len(expected - seen)
-    if dupes or missing or len(seen) != len(expected):
-        raise PipelineError(
-            f"output would not hold every source row exactly once: {missing} missing, {len(dupes)} repeated "
-            f"(e.g. {dupes[:3]})",
-            pipeline=spec.name, partition=key,
-            fix="re-materialize the upstream assets of this partition; if it persists, report a bug",
-        )
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, list):
-        return f"[{', '.join(f'{v:.3f}' if isinstance(v, float) else str(v) for v in value[:3])}, … {len(value)} values]"
-    text = "" if value is None else str(value)
-    text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "…"
-
-
-def markdown_preview(batches: list[pa.RecordBatch], columns: list[str], rows: int = 5) -> str:
-    records = [r for b in batches for r in b.to_pylist()][:rows]
-    if not records:
-        return "_no rows_"
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in records]
-    return "\n".join(lines)
 
 
 def build_pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:

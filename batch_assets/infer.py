@@ -16,7 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
+from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
+from batch_assets.storage import ArrowStorage, read_batches, upstream_url, write_parquet
 from resources.protocols import Generation, GenerationParams
 
 
@@ -35,6 +37,24 @@ class InferStats:
                 self.rows_with_errors += 1
                 if len(self.error_samples) < 5:
                     self.error_samples.append(f"{row_id}: {err}")
+
+
+def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
+    """The infer stage for one partition: `prepared` rows in chunks of `runtime.chunk_rows` to the model,
+    `inferred` rows (inputs, outputs, `error`) out. `stats` accumulates over every partition of the run."""
+    import time
+
+    start = time.perf_counter()
+    before = (stats.rows_out, stats.rows_with_errors)
+    src = upstream_url(storage, spec.name, "prepared", key)
+    url = storage.stage_url(spec.name, "inferred", key)
+    with write_parquet(url) as writer:
+        chunks = read_batches(src, batch_rows=spec.runtime.chunk_rows)
+        for batch in infer_batches(spec, provider, chunks, stats):
+            writer.write(batch)
+    rows = stats.rows_out - before[0]
+    return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
+                           {"rows_with_errors": stats.rows_with_errors - before[1]})
 
 
 def generation_params(spec: PipelineSpec) -> GenerationParams:

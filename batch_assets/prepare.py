@@ -13,8 +13,24 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import stable_hash64
+from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
+from batch_assets.storage import ArrowStorage, read_batches, upstream_url, write_parquet
 
+
+def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+    """The prepare stage for one partition: `raw` rows in, `prepared` rows (with model inputs) out."""
+    import time
+
+    start = time.perf_counter()
+    src = upstream_url(storage, spec.name, "raw", key)
+    url = storage.stage_url(spec.name, "prepared", key)
+    flagged = 0
+    with write_parquet(url) as writer:
+        for batch in prepare_batches(spec, read_batches(src, batch_rows=spec.source.batch_rows)):
+            flagged += sum(batch.column("_input_empty").to_pylist())
+            writer.write(batch)
+    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged})
 
 
 class RowIdTracker:

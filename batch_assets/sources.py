@@ -17,11 +17,26 @@ import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import PartitionSlice
+from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
-from batch_assets.storage import filesystem_for
+from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
 
 LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row")
 _BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
+
+
+def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+    """The read stage for one partition: stream the partition's source rows into its `raw` file."""
+    import time
+
+    from batch_assets.partitions import resolve_partition
+    start = time.perf_counter()
+    part = resolve_partition(spec, key)
+    url = storage.stage_url(spec.name, "raw", key)
+    with write_parquet(url) as writer:
+        for batch in read_partition(spec, part):
+            writer.write(batch)
+    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url, {"source_files": len(part.files)})
 
 
 def read_partition(spec: PipelineSpec, part: PartitionSlice) -> Iterator[pa.RecordBatch]:

