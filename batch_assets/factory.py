@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from batch_assets.checks import blocking_check_results, blocking_check_specs
 from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
 from batch_assets.partitions import partitions_def_for
@@ -132,13 +133,18 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         if spec.runtime.gpus else None
     )
 
+    inferred_key = dg.AssetKey([spec.name, "inferred"])
+
     @_stage_asset(spec, "inferred", pdef,
                   f"Infer: task `{spec.task.kind}` with provider `{spec.model.provider}` (resource `{model_key}`), "
-                  f"{spec.runtime.chunk_rows} rows per model call. Row failures are recorded in `error`.",
+                  f"{spec.runtime.chunk_rows} rows per model call, each chunk committed so a rerun resumes. Row "
+                  "failures are recorded in `error`; blocking checks (rows exactly once against the source, error "
+                  "rate, output schema) must pass before the output is published.",
                   PROVIDER_KINDS.get(spec.model.provider, {"python"}) | {"pyarrow"},
                   {STORAGE_KEY, model_key},
-                  check_specs=[dg.AssetCheckSpec("no_row_errors", asset=dg.AssetKey([spec.name, "inferred"]),
-                                                 description="Every row got a model output (warns otherwise).")],
+                  check_specs=[dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
+                                                 description="Every row got a model output (warns otherwise)."),
+                               *blocking_check_specs(spec, inferred_key)],
                   op_tags=gpu_tags)
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
@@ -150,6 +156,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             "model": dg.MetadataValue.text(str(describe.get("model"))),
             "provider": dg.MetadataValue.text(str(describe.get("provider"))),
             "rows_with_errors": dg.MetadataValue.int(stats.rows_with_errors),
+            "model_errors": dg.MetadataValue.int(stats.model_errors),
+            "chunks_reused": dg.MetadataValue.int(stats.chunks_reused),
+            "chunks_computed": dg.MetadataValue.int(stats.chunks_computed),
         }
         if "batch_size" in describe:
             extra["batch_size"] = dg.MetadataValue.int(int(describe["batch_size"]))
@@ -165,30 +174,22 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             metadata={"rows_with_errors": stats.rows_with_errors, "rows": stats.rows_out,
                       "samples": "\n".join(stats.error_samples) or "none"},
         )
-        return dg.MaterializeResult(metadata=summary_metadata(reports, extra), check_results=[check])
+        blocking = blocking_check_results(spec, provider, reports)
+        return dg.MaterializeResult(metadata=summary_metadata(reports, extra), check_results=[check, *blocking])
 
     @_stage_asset(spec, "output", pdef,
                   f"Write: publishes the sink columns as {spec.sink.format} under "
                   f"`{spec.sink.path or '<storage root>/' + spec.name + '/output'}`, one file per partition, "
-                  "committed atomically; checks every input row id appears exactly once.",
-                  {spec.sink.format, storage_kind}, {STORAGE_KEY},
-                  check_specs=[dg.AssetCheckSpec("rows_exactly_once", asset=dg.AssetKey([spec.name, "output"]),
-                                                 description="Every row id read from the source appears exactly "
-                                                 "once in the output.")])
+                  "committed atomically after verifying every input row id appears exactly once; then the partition's "
+                  "inference checkpoints are removed.",
+                  {spec.sink.format, storage_kind}, {STORAGE_KEY})
     def output(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         reports = run_partitions(context, spec, lambda key: run_write(spec, storage, key))
         previews = "\n\n".join(f"**{r.key}**\n\n{r.extra['preview'].value}" for r in reports[:3])
-        check = dg.AssetCheckResult(
-            check_name="rows_exactly_once",
-            passed=True,  # a mismatch raises before the output is committed (see sink._verified)
-            metadata={"source_rows": sum(r.extra["rows_in_source"] for r in reports),
-                      "output_rows": sum(r.rows_out for r in reports)},
-        )
-        return dg.MaterializeResult(
-            metadata=summary_metadata(reports, {"preview": dg.MetadataValue.md(previews)}),
-            check_results=[check],
-        )
+        # Rows exactly once is a blocking check on `inferred` (against the source); the sink verifies again before
+        # its atomic commit and raises instead of publishing.
+        return dg.MaterializeResult(metadata=summary_metadata(reports, {"preview": dg.MetadataValue.md(previews)}))
 
     return [raw, prepared, inferred, output]
 

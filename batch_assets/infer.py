@@ -1,60 +1,103 @@
-"""The infer stage: hand chunks of prepared rows to the model provider and attach its outputs.
+"""The infer stage: prepared rows in chunks to the model provider, one result per row out, resumable.
 
-Rows flagged empty in preparation are not sent; they get a row error. Row-level provider failures (a request
-that exhausted its retries, output that failed validation) also become row errors, and the partition goes on.
-A failure of the provider as a whole (model crash, bad configuration) fails the step: nothing is committed.
+One loop for every task kind and provider (`run_infer`):
+- prepared rows are cut into chunks of exactly `runtime.chunk_rows` (read ahead on a thread);
+- a chunk already committed under the partition's checkpoint (same fingerprint, same row ids and model inputs) is
+  skipped: a rerun after a crash pays only for what was not finished (batch_assets/checkpoint.py);
+- the other chunks go to the provider on worker threads, several at once where the provider says it can take them
+  (`provider.chunks_in_flight(chunk_rows)`; the OpenAI-compatible provider queues every row of those chunks on one
+  request gate, so its window of requests stays full across chunk boundaries, no drain per chunk), results are
+  taken in chunk order, checked for exactly one result per row, and committed on a write-behind thread;
+- at the end the `inferred` file is assembled from the prepared rows and the committed chunks, in one schema fixed
+  from the declared output types (batch_assets/infer_tasks.py), atomically.
+
+Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider and then becomes a
+row error; a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
+permission, unknown model, exhausted quota; or every row of a chunk failing the same way) fails the step at once,
+naming the cause and the fix. The error rate against `runtime.max_error_fraction` is a blocking asset check.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from batch_assets.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.errors import PipelineError
+from batch_assets.infer_tasks import (
+    ERROR_COLUMN,
+    ChunkPlan,
+    call_provider,
+    check_alignment,
+    declared_output_types,
+    model_input_columns,
+    output_columns,
+    plan_chunk,
+    same_failure,
+)
 from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
-from batch_assets.storage import ArrowStorage, read_batches, upstream_url, write_parquet
-from resources.protocols import Generation, GenerationParams
+from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
+from resources.errors import ProviderSetupError
+from resources.protocols import GenerationParams
+
+log = logging.getLogger(__name__)
+
+# A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
+# two or three rows failing alike is plausibly bad rows.
+SAME_FAILURE_MIN_ROWS = 4
+# Committed chunks whose write may still be pending (write-behind): bounds memory held for writing.
+WRITES_IN_FLIGHT = 2
 
 
 @dataclass
 class InferStats:
+    """What the infer loop did, over every partition of a run. `add_rows` is the one place the loop reports rows
+    completed (computed or reused from a checkpoint); progress reporters subscribe with `listeners`."""
+
     rows_in: int = 0
     rows_out: int = 0
     rows_with_errors: int = 0
+    model_errors: int = 0  # rows sent to the model whose result is an error (input problems excluded)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    chunks_computed: int = 0
+    chunks_reused: int = 0
+    rows_reused: int = 0
     error_samples: list[str] = field(default_factory=list)
+    partition: str | None = None
+    partition_rows_total: int = 0
+    partition_rows_done: int = 0
+    listeners: list[Callable[[InferStats, int], None]] = field(default_factory=list)
+
+    def begin_partition(self, key: str, rows_total: int) -> None:
+        self.partition, self.partition_rows_total, self.partition_rows_done = key, rows_total, 0
+
+    def add_rows(self, n: int, *, reused: bool = False) -> None:
+        self.partition_rows_done += n
+        if reused:
+            self.rows_reused += n
+            self.chunks_reused += 1
+        else:
+            self.chunks_computed += 1
+        for listener in self.listeners:
+            listener(self, n)
 
     def note_errors(self, ids: list[str], errors: list[str | None]) -> None:
         for row_id, err in zip(ids, errors):
-            if err is not None:
-                self.rows_with_errors += 1
-                if len(self.error_samples) < 5:
-                    self.error_samples.append(f"{row_id}: {err}")
-
-
-def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
-    """The infer stage for one partition: `prepared` rows in chunks of `runtime.chunk_rows` to the model,
-    `inferred` rows (inputs, outputs, `error`) out. `stats` accumulates over every partition of the run."""
-    import time
-
-    start = time.perf_counter()
-    before = (stats.rows_out, stats.rows_with_errors)
-    src = upstream_url(storage, spec.name, "prepared", key)
-    url = storage.stage_url(spec.name, "inferred", key)
-    with write_parquet(url) as writer:
-        chunks = read_batches(src, batch_rows=spec.runtime.chunk_rows)
-        for batch in infer_batches(spec, provider, chunks, stats):
-            writer.write(batch)
-    rows = stats.rows_out - before[0]
-    return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
-                           {"rows_with_errors": stats.rows_with_errors - before[1]})
+            if err is not None and len(self.error_samples) < 5:
+                self.error_samples.append(f"{row_id}: {err}")
 
 
 def generation_params(spec: PipelineSpec) -> GenerationParams:
@@ -88,156 +131,286 @@ def normalize_label(text: str | None, labels: list[str], default: str) -> str:
     return best[1] if best else default
 
 
-def infer_batches(
-    spec: PipelineSpec, provider: Any, batches: Iterator[pa.RecordBatch], stats: InferStats
-) -> Iterator[pa.RecordBatch]:
-    handler = {
-        "generate": _generate,
-        "embed": _embed,
-        "classify": _classify,
-        "predict": _predict,
-        "embed_image": _embed_image,
-        "classify_image": _classify_image,
-    }[spec.task.kind]
+def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
+    """The infer stage for one partition: `prepared` rows in, `inferred` rows (inputs, outputs, `error`) out.
+    `stats` accumulates over every partition of the run."""
+    start = time.perf_counter()
+    src = upstream_url(storage, spec.name, "prepared", key)
+    url = storage.stage_url(spec.name, "inferred", key)
+    total = parquet_rows(src)
+    stats.begin_partition(key, total)
+    checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
+    if checkpoint.invalidated:
+        log.info("partition %s: checkpoints of another setup (%s) were removed", key, ", ".join(checkpoint.invalidated))
+    before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed)
+    try:
+        chunks = _infer_chunks(spec, provider, src, checkpoint, stats)
+    except ProviderSetupError as exc:
+        raise PipelineError(
+            f"{type(provider).__name__} (model {provider.model_name()!r}) cannot serve this pipeline: {exc.what}; "
+            "the step stopped at once and nothing was published",
+            fix=exc.fix,
+        ) from None
+    _assemble(spec, provider, src, url, checkpoint, chunks, stats)
+    rows = stats.rows_out - before[0]
+    return PartitionReport(key, total, rows, time.perf_counter() - start, url, {
+        "rows_with_errors": stats.rows_with_errors - before[1],
+        "model_errors": stats.model_errors - before[2],
+        "chunks_reused": stats.chunks_reused - before[3],
+        "chunks_computed": stats.chunks_computed - before[4],
+    })
+
+
+# -- the loop --------------------------------------------------------------------------------------------------------
+def calls_in_flight(provider: Any, chunk_rows: int) -> int:
+    """Chunk calls a provider may run at once: 1 for in-process models (one model, one call at a time; the loop
+    still overlaps reading and writing with it), more for providers that queue requests on a shared gate."""
+    decide = getattr(provider, "chunks_in_flight", None)
+    return max(1, int(decide(chunk_rows))) if callable(decide) else 1
+
+
+@dataclass
+class _Pending:
+    index: int
+    batch: pa.RecordBatch
+    plan: ChunkPlan
+    call: Future | None
+    ids_digest: str
+    inputs_digest: str
+
+
+def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
+    """Compute and commit every chunk not already committed; returns the number of chunks of the partition."""
+    chunk_rows = spec.runtime.chunk_rows
+    params = generation_params(spec) if spec.task.kind == "generate" else None
+    inputs = model_input_columns(spec)
+    workers = calls_in_flight(provider, chunk_rows)
+    calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infer-call")
+    writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
+    pending: deque[_Pending] = deque()
+    committing: deque[Future] = deque()
+    chunks = Prefetched(exact_chunks(read_batches(src, batch_rows=chunk_rows), chunk_rows))
+
+    def finish(item: _Pending) -> None:
+        n = item.batch.num_rows
+        results = item.call.result() if item.call is not None else None
+        if item.call is not None:
+            check_alignment(provider, spec, len(item.plan.sent), results)
+        names, arrays = output_columns(spec, item.plan, results, n, stats)
+        _fail_if_all_failed_alike(provider, item)
+        outputs = pa.RecordBatch.from_arrays(
+            [item.batch.column("row_id"), *arrays, pa.array(item.plan.errors, pa.string())],
+            names=["row_id", *names, ERROR_COLUMN],
+        )
+        committing.append(writes.submit(checkpoint.commit, item.index, outputs, item.ids_digest, item.inputs_digest))
+        while len(committing) > WRITES_IN_FLIGHT:
+            committing.popleft().result()
+        stats.add_rows(n)
+
+    count = 0
+    try:
+        for index, batch in enumerate(chunks):
+            count = index + 1
+            stats.rows_in += batch.num_rows
+            ids_digest, inputs_digest = column_digest(batch, ["row_id"]), column_digest(batch, inputs)
+            if checkpoint.reusable(index, ids_digest, inputs_digest):
+                stats.add_rows(batch.num_rows, reused=True)
+                continue
+            plan = plan_chunk(spec, batch)
+            call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
+            pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
+            # one more than the workers: the next call is queued before a worker frees, so none idles
+            while len(pending) > workers:
+                finish(pending.popleft())
+        while pending:
+            finish(pending.popleft())
+        while committing:
+            committing.popleft().result()
+    finally:
+        chunks.close()
+        for item in pending:
+            if item.call is not None:
+                item.call.cancel()
+        calls.shutdown(wait=True, cancel_futures=True)
+        writes.shutdown(wait=True)
+    return count
+
+
+def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
+    sent = item.plan.sent.tolist()
+    if len(sent) < SAME_FAILURE_MIN_ROWS:
+        return
+    failures = [item.plan.errors[i] for i in sent]
+    if any(f is None for f in failures):
+        return
+    shared = same_failure(failures)  # type: ignore[arg-type]
+    if shared is not None:
+        raise PipelineError(
+            f"every one of the {len(sent)} rows sent to {type(provider).__name__} (model {provider.model_name()!r}) in "
+            f"chunk {item.index} failed the same way: {shared}. This is a setup or endpoint problem, not bad rows: "
+            "the step stopped and nothing was published",
+            fix="check that the model/endpoint is up and configured (model, base_url, key, params); committed chunks "
+            "are kept, so a rerun resumes where this one stopped",
+        )
+
+
+def _assemble(spec: PipelineSpec, provider: Any, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int,
+              stats: InferStats) -> None:
+    """Write `inferred` = prepared rows + committed outputs, chunk by chunk, in one schema for the partition."""
+    prepared_schema = parquet_schema(src)
+    declared = declared_output_types(spec, provider)
+    out_schema = _output_schema(declared, [checkpoint.schema(i) for i in range(chunks)],
+                                spec.task.resolved_output_column())
+    schema = pa.schema([*prepared_schema, *out_schema])
+    batches = exact_chunks(read_batches(src, batch_rows=spec.runtime.chunk_rows), spec.runtime.chunk_rows)
+    with write_parquet(url, schema) as writer:
+        for index, batch in enumerate(batches):
+            outputs = checkpoint.read(index)
+            if not outputs.column("row_id").combine_chunks().equals(batch.column("row_id")):
+                raise PipelineError(
+                    f"checkpoint chunk {index} does not cover the prepared rows it claims to",
+                    file=checkpoint.chunk_path(index),
+                    fix="re-materialize the partition; if it persists, report a bug",
+                )
+            columns = [outputs.column(f.name).combine_chunks().cast(f.type) for f in out_schema]
+            table = pa.Table.from_arrays([*batch.columns, *columns], schema=schema)
+            writer.write(table)
+            _count(spec, table, stats)
+
+
+def _output_schema(declared: dict[str, pa.DataType | None], chunk_schemas: list[pa.Schema],
+                   default_column: str) -> pa.Schema:
+    """Output columns in the declared order and types. A column without a declared type takes the one type its
+    chunks agree on (null in chunks with no value, e.g. an all-failed first chunk, does not count)."""
+    names = [n for n in (chunk_schemas[0].names if chunk_schemas else [*(declared or [default_column]), ERROR_COLUMN])
+             if n != "row_id"]
+    for i, s in enumerate(chunk_schemas):
+        if [n for n in s.names if n != "row_id"] != names:
+            raise PipelineError(
+                f"the model's output columns changed between chunks: {names} in chunk 0, {s.names[1:]} in chunk {i}",
+                fix="make the model return the same output columns for every batch (declare task.output_types)",
+            )
+    fields = []
+    for name in names:
+        seen = [s.field(name).type for s in chunk_schemas if s.field(name).type != pa.null()]
+        if name == ERROR_COLUMN:
+            type_: pa.DataType = pa.string()
+        elif seen:
+            type_ = seen[0]
+            for other in seen[1:]:
+                try:
+                    type_ = pa.unify_schemas([pa.schema([(name, type_)]), pa.schema([(name, other)])],
+                                             promote_options="permissive").field(name).type
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                    raise PipelineError(
+                        f"the model's output column {name!r} has type {type_} in one chunk and {other} in another",
+                        column=name,
+                        fix="return one type per output column, or declare it in task.output_types",
+                    ) from None
+        else:
+            type_ = declared.get(name) or pa.null()
+        fields.append(pa.field(name, type_))
+    return pa.schema(fields)
+
+
+def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
+    errors = table.column(ERROR_COLUMN)
+    failed = pc.is_valid(errors)
+    n_failed = pc.sum(failed).as_py() or 0
+    stats.rows_out += table.num_rows
+    stats.rows_with_errors += n_failed
+    if n_failed:
+        model_failed = pc.and_(failed, pc.invert(table.column("_input_empty")))
+        stats.model_errors += pc.sum(model_failed).as_py() or 0
+        rows = table.filter(failed).slice(0, 5)
+        stats.note_errors(rows.column("row_id").to_pylist(), rows.column(ERROR_COLUMN).to_pylist())
+    if spec.task.kind == "generate":
+        stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
+        stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
+
+
+# -- streaming helpers -----------------------------------------------------------------------------------------------
+def exact_chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut batches into chunks of exactly `rows` rows (the last may be shorter): chunk i always covers the
+    same prepared rows, which is what lets a rerun match committed chunks."""
+    parts: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - size, batch.num_rows)
+            parts.append(batch.slice(0, take))
+            size += take
+            batch = batch.slice(take)
+            if size == rows:
+                yield _combine(parts)
+                parts, size = [], 0
+    if size:
+        yield _combine(parts)
+
+
+def _combine(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(parts) == 1:
+        return parts[0]
+    return pa.Table.from_batches(parts).combine_chunks().to_batches(max_chunksize=None)[0]
+
+
+class Prefetched:
+    """Reads the next items of an iterator on a thread while the caller works on the current one (bounded)."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator[Any], depth: int = 2):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(source,), name="infer-prefetch", daemon=True)
+        self._thread.start()
+
+    def _fill(self, source: Iterator[Any]) -> None:
+        try:
+            for item in source:
+                if not self._put(item):
+                    return
+            self._put(self._DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+# Kept for callers that drive the loop without storage (tests of one chunk at the provider seam).
+def infer_batches(spec: PipelineSpec, provider: Any, batches: Iterator[pa.RecordBatch],
+                  stats: InferStats) -> Iterator[pa.RecordBatch]:
+    """Prepared batches in, prepared columns + outputs + `error` out, one provider call per batch, no checkpoint."""
     params = generation_params(spec) if spec.task.kind == "generate" else None
     for batch in batches:
-        stats.rows_in += batch.num_rows
-        empty = batch.column("_input_empty").to_pylist()
-        problems = batch.column("_input_problem").to_pylist()
-        live = [i for i, e in enumerate(empty) if not e]
-        errors: list[str | None] = list(problems)
-        names, arrays = handler(spec, provider, batch, live, errors, stats, params)
-        stats.note_errors(batch.column("row_id").to_pylist(), errors)
-        stats.rows_out += batch.num_rows
-        yield pa.RecordBatch.from_arrays(
-            [*batch.columns, *arrays, pa.array(errors, pa.string())],
-            names=[*batch.schema.names, *names, "error"],
-        )
+        plan = plan_chunk(spec, batch)
+        results = call_provider(provider, spec, params, plan.inputs) if len(plan.sent) else None
+        if results is not None:
+            check_alignment(provider, spec, len(plan.sent), results)
+        names, arrays = output_columns(spec, plan, results, batch.num_rows, stats)
+        stats.add_rows(batch.num_rows)
+        yield pa.RecordBatch.from_arrays([*batch.columns, *arrays, pa.array(plan.errors, pa.string())],
+                                         names=[*batch.schema.names, *names, ERROR_COLUMN])
 
 
-def _scatter(values: list[Any], live: list[int], n: int) -> list[Any]:
-    out: list[Any] = [None] * n
-    for i, v in zip(live, values):
-        out[i] = v
-    return out
-
-
-def _generate(spec, provider, batch, live, errors, stats, params):
-    prompts = batch.column("_prompt").to_pylist()
-    images = batch.column("_images").to_pylist() if "_images" in batch.schema.names else None
-    conversations = []
-    for i in live:
-        messages = [{"role": "system", "content": spec.prepare.system}] if spec.prepare.system else []
-        content: Any = prompts[i]
-        if images is not None and images[i]:
-            from resources.multimodal import build_user_content
-
-            content = build_user_content(prompts[i], images[i])
-        messages.append({"role": "user", "content": content})
-        conversations.append(messages)
-    results: list[Generation] = provider.generate(conversations, params) if conversations else []
-    if len(results) != len(conversations):
-        raise RuntimeError(
-            f"{type(provider).__name__}.generate returned {len(results)} results for {len(conversations)} prompts"
-        )
-    n = batch.num_rows
-    texts = _scatter([r.text for r in results], live, n)
-    for i, r in zip(live, results):
-        if r.error:
-            errors[i] = r.error
-    p_tok = _scatter([r.prompt_tokens for r in results], live, n)
-    c_tok = _scatter([r.completion_tokens for r in results], live, n)
-    stats.prompt_tokens += sum(t or 0 for t in p_tok)
-    stats.completion_tokens += sum(t or 0 for t in c_tok)
-    names = [spec.task.resolved_output_column(), "prompt_tokens", "completion_tokens"]
-    arrays = [pa.array(texts, pa.string()), pa.array(p_tok, pa.int64()), pa.array(c_tok, pa.int64())]
-    task = spec.task
-    if task.structured:
-        from batch_assets.structured_columns import structured_columns
-
-        s_names, s_arrays = structured_columns(spec, texts, errors)
-        names += s_names
-        arrays += s_arrays
-    if task.labels:
-        labels = [
-            normalize_label(t, task.labels, task.default_label) if errors[i] is None else None
-            for i, t in enumerate(texts)
-        ]
-        names.append(task.label_column)
-        arrays.append(pa.array(labels, pa.string()))
-    return names, arrays
-
-
-def _vectors_column(vectors: np.ndarray | None, live: list[int], n: int) -> pa.Array:
-    dim = int(vectors.shape[1]) if vectors is not None and vectors.size else 0
-    type_ = pa.list_(pa.float32(), dim) if dim else pa.list_(pa.float32())
-    rows = _scatter(list(vectors) if vectors is not None else [], live, n)
-    return pa.array([None if r is None else np.asarray(r, dtype=np.float32) for r in rows], type_)
-
-
-def _embed(spec, provider, batch, live, errors, stats, params):
-    texts = batch.column("_text").to_pylist()
-    vectors = provider.embed([texts[i] for i in live]) if live else None
-    if vectors is not None and len(vectors) != len(live):
-        raise RuntimeError(f"{type(provider).__name__}.embed returned {len(vectors)} vectors for {len(live)} texts")
-    return [spec.task.resolved_output_column()], [_vectors_column(vectors, live, batch.num_rows)]
-
-
-def _classification_columns(spec, results, live, errors, n):
-    for i, r in zip(live, results):
-        if r.error:
-            errors[i] = r.error
-    labels = _scatter([r.label for r in results], live, n)
-    scores = _scatter([r.score for r in results], live, n)
-    return [spec.task.resolved_output_column(), "score"], [pa.array(labels, pa.string()), pa.array(scores, pa.float64())]
-
-
-def _classify(spec, provider, batch, live, errors, stats, params):
-    texts = batch.column("_text").to_pylist()
-    results = provider.classify([texts[i] for i in live], spec.task.labels) if live else []
-    return _classification_columns(spec, results, live, errors, batch.num_rows)
-
-
-def _predict(spec, provider, batch, live, errors, stats, params):
-    columns = spec.prepare.input_columns or spec.source.columns
-    inputs = {}
-    for c in columns:
-        values = batch.column(c).to_pylist()
-        inputs[c] = [values[i] for i in live]
-    out = provider.predict(inputs) if live else []
-    n = batch.num_rows
-    outputs = out if isinstance(out, dict) else {spec.task.resolved_output_column(): out}
-    clash = sorted(set(outputs) & set(batch.schema.names))
-    if clash:
-        raise PipelineError(
-            f"the model returned column(s) {clash}, which the input already has",
-            column=clash[0],
-            fix="rename the model's output keys, or set task.output_column",
-        )
-    return list(outputs), [pa.array(_scatter(list(v), live, n)) for v in outputs.values()]
-
-
-def _load_images(spec, batch, live, errors):
-    from resources.multimodal import load_image
-
-    refs = batch.column(spec.prepare.image_columns[0]).to_pylist()
-    images, ok = [], []
-    for i in live:
-        try:
-            images.append(load_image(refs[i], max_side=spec.prepare.image_max_side))
-            ok.append(i)
-        except Exception as exc:  # a bad image is that row's error, not the partition's
-            errors[i] = f"image could not be read: {exc}"
-    return images, ok
-
-
-def _embed_image(spec, provider, batch, live, errors, stats, params):
-    images, ok = _load_images(spec, batch, live, errors)
-    vectors = provider.embed_images(images) if images else None
-    return [spec.task.resolved_output_column()], [_vectors_column(vectors, ok, batch.num_rows)]
-
-
-def _classify_image(spec, provider, batch, live, errors, stats, params):
-    images, ok = _load_images(spec, batch, live, errors)
-    results = provider.classify_images(images, spec.task.labels) if images else []
-    return _classification_columns(spec, results, ok, errors, batch.num_rows)
+__all__ = ["InferStats", "generation_params", "infer_batches", "normalize_label", "run_infer"]

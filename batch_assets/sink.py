@@ -67,6 +67,9 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     expected = {h for b in read_batches(raw_url, columns=["row_id"])
                 for h in stable_hash64(b.column(0).to_pylist()).tolist()}
     rows = write_sink(spec, url, _verified(batches(), seen, dupes, expected, spec, key), out_schema)
+    from batch_assets.checkpoint import remove_partition_checkpoints
+
+    remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
     return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
                            {"rows_in_source": len(expected), "preview": dg.MetadataValue.md(markdown_preview(head, columns))})
 

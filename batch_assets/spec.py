@@ -21,6 +21,10 @@ from resources.registry import PROVIDERS, provider_class
 from resources.structured import StructuredOutput
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# Columns the stages add to every row (lineage, preparation, the infer loop's error column): no source column or
+# model output may take these names, or one would overwrite the other after the model was paid for.
+RESERVED_COLUMNS = frozenset({"error", "row_id", "_source_file", "_source_row", "_input_empty", "_input_problem",
+                              "_text", "_prompt", "_images"})
 PARTITION_TOKEN = "{partition}"
 
 
@@ -117,6 +121,12 @@ class TaskSpec(_Strict):
     structured_column: str = Field(
         default="parsed", description="generate with structured: the column for the validated value (unless unnest)."
     )
+    output_types: dict[str, str] | None = Field(
+        default=None,
+        description="predict: the model's output columns and their Arrow types (aliases such as string, int64, "
+        "float64, bool). Checked at load (names) and by the blocking `output_schema` check (types). Without it the "
+        "type of each output column is the one its chunks agree on (all-null chunks do not count).",
+    )
 
     def resolved_output_column(self) -> str:
         defaults = {
@@ -155,6 +165,14 @@ class RuntimeSpec(_Strict):
         "memory stays bounded by this, not by the partition size.",
     )
     gpus: int = Field(default=0, ge=0, description="GPUs each infer step asks for (Kubernetes executor).")
+    max_error_fraction: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="The most rows of a partition the model may fail on (errors after retries, invalid outputs) "
+        "before the blocking `error_rate` check fails the infer step and nothing is published. Rows whose input "
+        "was empty are reported, not counted.",
+    )
 
 
 class PipelineSpec(_Strict):
@@ -225,7 +243,29 @@ class PipelineSpec(_Strict):
         elif not supports(provider_class(self.model.provider), task.kind):
             problems.append(("task.kind", f"provider {self.model.provider!r} cannot run task {task.kind!r}"))
 
-        produced = {task.resolved_output_column(), "error", "row_id"}
+        reserved_source = sorted(RESERVED_COLUMNS & columns)
+        if reserved_source:
+            problems.append(("source.columns", f"{reserved_source} are reserved by the pipeline "
+                             f"({', '.join(sorted(RESERVED_COLUMNS))}): rename them in the source or select others"))
+        outputs = {"task.output_column": task.output_column, "task.label_column": task.label_column,
+                   "task.structured_column": task.structured_column if task.structured else None,
+                   **{f"task.output_types.{k}": k for k in task.output_types or {}}}
+        for field, name in outputs.items():
+            if name is not None and (name in RESERVED_COLUMNS or name.startswith("_")):
+                problems.append((field, f"{name!r} is reserved (pipeline columns: {', '.join(sorted(RESERVED_COLUMNS))}"
+                                 "; names starting with '_' are internal): choose another name"))
+        if task.output_types is not None:
+            if task.kind != "predict":
+                problems.append(("task.output_types", "output_types applies to task 'predict' only"))
+            for name, alias in task.output_types.items():
+                try:
+                    import pyarrow as pa
+
+                    pa.type_for_alias(alias)
+                except ValueError:
+                    problems.append((f"task.output_types.{name}", f"unknown Arrow type {alias!r} (e.g. string, "
+                                     "int64, float64, bool)"))
+        produced = {task.resolved_output_column(), "error", "row_id", *(task.output_types or {})}
         if task.kind == "generate":
             produced |= {"prompt_tokens", "completion_tokens", task.label_column or ""}
         if task.kind in ("classify", "classify_image"):

@@ -15,3 +15,20 @@ class MissingExtraError(ImportError):
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; raised from setup so the run fails loudly instead of producing empty output."""
+
+
+class ProviderSetupError(RuntimeError):
+    """The provider cannot serve ANY row as configured (rejected key, no permission, unknown model, exhausted quota,
+    a model that fails to load): retrying or going on would only turn every row into the same error, so the step
+    fails at once. `what` says what the endpoint or library answered, `fix` what to change."""
+
+    def __init__(self, what: str, fix: str, *, status: int | None = None):
+        self.what, self.fix, self.status = what, fix, status
+        super().__init__(f"{what}. What to do: {fix}")
+
+
+# How each outcome of a provider call is treated by the infer loop (see docs/RELIABILITY.md):
+#   transient  -> retried by the provider, then a row error if it never succeeds
+#   row        -> a row error at once (bad output or a request the endpoint refused for this row only)
+#   setup      -> ProviderSetupError: the step fails, nothing is published
+ERROR_CLASSES = ("transient", "row", "setup")

@@ -61,7 +61,10 @@ def test_static_partitions_every_row_once_and_model_loaded_once(tmp_path: Path) 
     assert "| doc_id |" in out_md["preview"].value
     checks = {e.event_specific_data.check_name: e.event_specific_data.passed
               for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
-    assert checks == {"no_row_errors": False, "rows_exactly_once": True}
+    # the empty input is a row error (warned), not a model failure: the blocking checks pass
+    assert checks == {"no_row_errors": False, "rows_exactly_once": True, "error_rate": True, "output_schema": True}
+    # published: the partition's inference checkpoints are gone
+    assert not (tmp_path / "store" / "docs" / "_staging" / "inferred" / "a").exists()
 
 
 def test_rematerializing_replaces_partition_exactly(tmp_path: Path) -> None:

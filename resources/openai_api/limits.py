@@ -61,6 +61,12 @@ class RequestGate:
         self._requests = _bucket(requests_per_minute) if requests_per_minute else None
         self._tokens = _bucket(tokens_per_minute) if tokens_per_minute else None
         self._resume_at = 0.0  # loop time before which nothing is sent (server-requested pause)
+        self._broken: BaseException | None = None  # a setup error: nothing more is sent, by any call
+
+    def break_with(self, error: BaseException) -> None:
+        """No request can succeed as configured (rejected key, unknown model): refuse every request still waiting,
+        of this call and of every other call in flight, instead of sending each one to learn the same thing."""
+        self._broken = error
 
     def pause_for(self, seconds: float) -> None:
         """Hold every request back for `seconds`: a Retry-After (on a 429 or 503) speaks for the whole endpoint."""
@@ -77,6 +83,8 @@ class RequestGate:
         """Held for the duration of one HTTP request. The budget is taken after the concurrency slot so that
         what the buckets admit is what is actually sent."""
         async with self._slots:
+            if self._broken is not None:
+                raise self._broken
             await self._wait_for_resume()
             if self._requests is not None:
                 await self._requests.acquire()
@@ -84,4 +92,6 @@ class RequestGate:
                 # A request larger than one burst takes a whole burst rather than being refused.
                 await self._tokens.acquire(min(float(tokens), self._tokens.max_rate))
             await self._wait_for_resume()
+            if self._broken is not None:
+                raise self._broken
             yield

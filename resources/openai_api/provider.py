@@ -186,6 +186,12 @@ class OpenAICompatibleProvider(ModelResource):
 
     _log: Any = PrivateAttr(default=None)
 
+    def chunks_in_flight(self, chunk_rows: int) -> int:
+        """How many chunk calls the infer loop may have running at once. Each call queues its rows on the shared
+        request gate, so with twice `max_concurrency` rows queued the window of requests in flight stays full
+        across chunk boundaries (no drain at the end of a chunk), while memory stays bounded to those chunks."""
+        return max(2, -(-2 * self.max_concurrency // max(1, chunk_rows)) + 1)
+
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def load(self) -> _Loaded:
         try:

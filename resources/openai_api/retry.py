@@ -1,7 +1,9 @@
 """The one retry policy for every request the provider sends.
 
 The SDK's own retries are switched off (`max_retries=0`) so that attempts, waits and the give-up point are decided
-here, in one place, and a row that runs out of attempts becomes a row error instead of an exception.
+here, in one place, and a row that runs out of attempts becomes a row error instead of an exception. An answer that
+says the setup itself is wrong (401, 403, 404, insufficient quota) raises ProviderSetupError instead: no row could
+succeed, so the step fails at once rather than publishing a partition of row errors.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
+from resources.errors import ProviderSetupError
+
 if TYPE_CHECKING:
     from resources.openai_api.limits import RequestGate
 
@@ -26,6 +30,12 @@ T = TypeVar("T")
 
 # 408 request timeout, 409 lock conflict, 429 rate limit; every 5xx is retried as well.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Answers that say the setup is wrong, not the row: every other row would get the same answer.
+SETUP_STATUS = {
+    403: "the key has no permission for this model or endpoint: check the key's project/organisation and `model`",
+    404: "the endpoint does not know this model or path: check `model` (and `embedding_model`) and that `base_url` "
+    "ends in /v1",
+}
 _MAX_MESSAGE_CHARS = 400
 
 
@@ -54,6 +64,7 @@ class Failure:
     retryable: bool
     retry_after_s: float | None = None  # what the server asked for, when it did
     rate_limited: bool = False
+    setup_fix: str | None = None  # set when no row can succeed as configured: what to change (fails the step)
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -109,12 +120,16 @@ def classify_failure(exc: BaseException, *, secret: str | None, timeout_s: float
         retryable = status in RETRYABLE_STATUS or status >= 500
         if status == 429 and exc.code == "insufficient_quota":
             # OpenAI's 429 for an exhausted quota: waiting will not help, and every row would wait in vain
-            return Failure("HTTP 429: insufficient quota on this account (billing), not a rate limit", False)
+            return Failure("HTTP 429: insufficient quota on this account (billing), not a rate limit", False,
+                           setup_fix="add credit or raise the quota of this account, or point the pipeline at another "
+                           "key (api_key / OPENAI_API_KEY)")
         if status == 401:
             # Servers (OpenAI included) echo part of a rejected key in the message: say what to do instead.
-            message = "HTTP 401: the endpoint rejected the API key; check `api_key` (OPENAI_API_KEY) for this endpoint"
-        else:
-            message = f"HTTP {status}: {redact(exc.message, secret)}"
+            return Failure("HTTP 401: the endpoint rejected the API key", False,
+                           setup_fix="check `api_key` (OPENAI_API_KEY) for this endpoint and base_url")
+        message = f"HTTP {status}: {redact(exc.message, secret)}"
+        if status in SETUP_STATUS:
+            return Failure(message, False, setup_fix=SETUP_STATUS[status])
         retry_after = retry_after_seconds(exc.response.headers) if retryable else None
         return Failure(message, retryable, retry_after, rate_limited=status == 429)
     if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
@@ -152,6 +167,10 @@ async def call_with_retries(
             failure = classify_failure(exc, secret=secret, timeout_s=policy.timeout_s)
             if failure is None:
                 raise
+        if failure.setup_fix is not None:
+            error = ProviderSetupError(failure.message, failure.setup_fix)
+            gate.break_with(error)
+            raise error
         if not failure.retryable:
             return failure
         if attempt == policy.max_attempts:

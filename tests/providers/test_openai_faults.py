@@ -14,6 +14,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
+from resources.errors import ProviderSetupError
 from resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
 from resources.protocols import GenerationParams
 from tests.providers.fault_proxy import Echo, FaultProxy, Forward, Malformed, Reply, Respond, Stall
@@ -149,16 +150,31 @@ def test_requests_per_minute_spaces_requests_beyond_the_burst():
     assert arrivals[-1] - arrivals[0] >= 1.5
 
 
-def test_an_exhausted_quota_is_not_waited_for():
+def test_an_exhausted_quota_is_not_waited_for_and_fails_the_call():
     quota = {"error": {"message": "Quota exceeded", "type": "insufficient_quota", "code": "insufficient_quota"}}
     with FaultProxy(lambda key, n: Respond(429, quota, {"retry-after": "1"})) as proxy:
-        provider = provider_for(proxy, max_attempts=5)
+        provider = provider_for(proxy, max_attempts=5, max_concurrency=1)
         try:
-            results = provider.generate(user_rows(["a", "b"]), GenerationParams())
+            # no row can succeed on an exhausted quota: a setup error, not two row errors
+            with pytest.raises(ProviderSetupError, match="insufficient quota.*add credit"):
+                provider.generate(user_rows(["a", "b"]), GenerationParams())
         finally:
             provider.close()
-    assert all("insufficient quota" in r.error for r in results)
-    assert len(proxy.attempts) == 2  # one each: retrying cannot help
+    assert len(proxy.attempts) == 1  # not retried, and the other row was never sent
+
+
+@pytest.mark.parametrize("status,cause", [(401, "rejected the API key"), (403, "no permission"),
+                                          (404, "does not know this model")])
+def test_setup_errors_fail_the_call_at_once(status, cause):
+    with FaultProxy(lambda key, n: Respond(status, error_body("model 'nope' does not exist"))) as proxy:
+        provider = provider_for(proxy, max_attempts=5, max_concurrency=1)
+        try:
+            with pytest.raises(ProviderSetupError, match=f"HTTP {status}") as caught:
+                provider.generate(user_rows([f"r{i}" for i in range(6)]), GenerationParams())
+        finally:
+            provider.close()
+    assert cause in str(caught.value)
+    assert len(proxy.attempts) == 1
 
 
 def test_regex_is_refused_before_any_request():
@@ -272,21 +288,22 @@ def test_the_api_key_never_appears_in_metadata_logs_or_errors(monkeypatch, caplo
 
     @dg.asset
     def answers(llm: OpenAICompatibleProvider) -> dg.MaterializeResult:
-        results = llm.generate(user_rows(["rejected", "bad", "flaky", "fine"]), GenerationParams(max_new_tokens=4))
+        results = llm.generate(user_rows(["bad", "flaky", "fine"]), GenerationParams(max_new_tokens=4))
         errors.extend(r.error for r in results)
+        llm.generate(user_rows(["rejected"]), GenerationParams(max_new_tokens=4))  # a 401 fails the step
         return dg.MaterializeResult(metadata={**llm.describe(), "errors": [e or "" for e in errors]})
 
     with FaultProxy(script) as proxy, dg.instance_for_test() as instance:
         provider = OpenAICompatibleProvider(
             model="gpt-test", base_url=proxy.url, api_key=dg.EnvVar("PROVIDER_TEST_OPENAI_KEY"), backoff_base_s=0.01
         )
-        result = dg.materialize([answers], resources={"llm": provider}, instance=instance)
+        result = dg.materialize([answers], resources={"llm": provider}, instance=instance, raise_on_error=False)
         event_text = "\n".join(str(record) for record in instance.all_logs(result.run_id))
 
-    assert result.success
+    assert not result.success
     assert proxy.attempts[0].authorization == f"Bearer {secret}"  # the key was really used...
-    assert "HTTP 401" in errors[0] and "OPENAI_API_KEY" in errors[0]
-    assert "HTTP 400" in errors[1] and errors[2] is None and errors[3] is None
+    assert "HTTP 400" in errors[0] and errors[1] is None and errors[2] is None
+    assert "HTTP 401" in event_text and "OPENAI_API_KEY" in event_text
     captured = capfd.readouterr()
     # ...and appears nowhere a person or a log store would see it
     for where, text in {

@@ -1,0 +1,144 @@
+"""The infer loop alone, before/after: the infer step of one partition against the model called directly.
+
+    python bench/infer_loop.py embed --repo /path/to/checkout --rows 10000 --repeat 3
+    python bench/infer_loop.py api   --repo /path/to/checkout --requests 2000 --latency 0.25 --in-flight 64
+
+`--repo` picks the checkout whose `batch_assets` is measured (run it once on the old commit, once on the new: the
+stage functions `run_read` / `run_prepare` / `run_infer` have the same signature in both).
+- embed: all-MiniLM-L6-v2 on CPU over N short documents. `raw` is one `encode` call over every text (what a hand
+  script does; sentence-transformers sorts the call by length), `infer` is `run_infer` on the prepared partition
+  with the same loaded model. Interleaved, median of --repeat.
+- api: a loopback OpenAI-compatible server (tests/providers/fault_proxy.py answering by itself after --latency s);
+  requests/s of `run_infer` over a generate partition, against the ideal in-flight / latency.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORDS = ("the quick brown fox jumps over a lazy dog while rain falls on quiet streets of the old harbour town "
+         "and markets open early with bread fish fruit coffee news and music").split()
+
+
+def _docs(n: int) -> list[dict]:
+    import random
+
+    rng = random.Random(0)
+    return [{"doc_id": f"d{i}", "text": " ".join(rng.choices(WORDS, k=rng.randint(6, 18)))} for i in range(n)]
+
+
+def _setup(repo: Path, rows: list[dict], spec_changes: dict):
+    sys.path.insert(0, str(repo))
+    from batch_assets.prepare import run_prepare
+    from batch_assets.sources import run_read
+    from batch_assets.spec import parse_spec
+    from batch_assets.storage import ArrowStorage
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    (tmp / "data").mkdir()
+    (tmp / "data" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {
+        "name": "bench",
+        "source": {"format": "jsonl", "path": f"{tmp}/data/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "static", "keys": ["a"]},
+        "prepare": {"id_column": "doc_id", "text_column": "text"},
+        "task": {"kind": "embed"},
+        "model": {"provider": "sentence_transformers", "config": {}},
+        **spec_changes,
+    }
+    spec = parse_spec(raw)
+    storage = ArrowStorage(root=str(tmp / "store"))
+    run_read(spec, storage, "a")
+    run_prepare(spec, storage, "a")
+    return spec, storage
+
+
+def _infer_once(spec, storage) -> float:
+    from batch_assets.infer import InferStats, run_infer
+
+    provider = _infer_once.provider  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    run_infer(spec, storage, "a", provider, InferStats())
+    elapsed = time.perf_counter() - start
+    from batch_assets.storage import filesystem_for  # noqa: F401  (same checkout)
+
+    staging = Path(storage.resolved_root()) / spec.name / "_staging"
+    if staging.exists():  # a new run must not resume from the previous repetition's checkpoint
+        import shutil
+
+        shutil.rmtree(staging)
+    return elapsed
+
+
+def bench_embed(args) -> dict:
+    rows = _docs(args.rows)
+    spec, storage = _setup(args.repo, rows, {})
+    from resources.hf.embedder import SentenceTransformerEmbedder
+
+    provider = SentenceTransformerEmbedder(batch_size=32, device="cpu").load_for_tests()
+    _infer_once.provider = provider  # type: ignore[attr-defined]
+    texts = [r["text"] for r in rows]
+    provider.embed(texts[:256])  # warm-up
+    raw, infer = [], []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        provider.embed(texts)
+        raw.append(time.perf_counter() - start)
+        infer.append(_infer_once(spec, storage))
+    r, i = statistics.median(raw), statistics.median(infer)
+    return {"variant": "embed", "repo": str(args.repo), "rows": args.rows, "chunk_rows": spec.runtime.chunk_rows,
+            "raw_encode_s": round(r, 2), "infer_step_s": round(i, 2), "infer_over_raw_speed": round(r / i, 3),
+            "raw_runs": [round(x, 2) for x in raw], "infer_runs": [round(x, 2) for x in infer]}
+
+
+def bench_api(args) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the proxy from this checkout's tests
+    from tests.providers.fault_proxy import Echo, FaultProxy
+
+    rows = [{"doc_id": f"q{i}", "text": f"question {i}"} for i in range(args.requests)]
+    with FaultProxy(lambda key, n: Echo(delay_s=args.latency)) as proxy:
+        proxy._server.request_queue_size = 1024
+        spec, storage = _setup(args.repo, rows, {
+            "prepare": {"id_column": "doc_id", "template": "{text}"},
+            "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+            "model": {"provider": "openai", "config": {"model": "m", "base_url": proxy.url,
+                                                       "max_concurrency": args.in_flight}},
+        })
+        from resources.openai_api import OpenAICompatibleProvider
+
+        provider = OpenAICompatibleProvider(model="m", base_url=proxy.url, max_concurrency=args.in_flight).load_for_tests()
+        _infer_once.provider = provider  # type: ignore[attr-defined]
+        runs = [_infer_once(spec, storage) for _ in range(args.repeat)]
+        provider.close()
+        max_in_flight = proxy.max_in_flight
+    seconds = statistics.median(runs)
+    ideal = args.in_flight / args.latency
+    return {"variant": "api", "repo": str(args.repo), "requests": args.requests, "latency_s": args.latency,
+            "in_flight": args.in_flight, "chunk_rows": spec.runtime.chunk_rows, "req_per_s": round(args.requests / seconds, 1),
+            "ideal_req_per_s": ideal, "of_ideal": round(args.requests / seconds / ideal, 3),
+            "max_in_flight_seen": max_in_flight, "runs_s": [round(x, 2) for x in runs]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("variant", choices=["embed", "api"])
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--latency", type=float, default=0.25)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    args.repo = args.repo.resolve()
+    print(json.dumps(bench_embed(args) if args.variant == "embed" else bench_api(args)))
+
+
+if __name__ == "__main__":
+    main()

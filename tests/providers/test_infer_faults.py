@@ -1,0 +1,152 @@
+"""The whole pipeline against an OpenAI-compatible endpoint behind the fault-injecting proxy: faults become retries or
+recorded row errors (never lost or repeated rows), setup errors fail the step at once, the error-rate check blocks
+publishing, and the request window stays full across chunk boundaries."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import make_spec, run_pipeline, write_jsonl
+from tests.providers.fault_proxy import Echo, FaultProxy, Forward, Malformed, Respond, Stall
+
+SPEC: dict[str, Any] = {
+    "name": "answers",
+    "source": {"format": "jsonl", "path": "PLACEHOLDER/{partition}.jsonl", "columns": ["doc_id", "text"]},
+    "partitioning": {"kind": "static", "keys": ["a"]},
+    "prepare": {"id_column": "doc_id", "template": "{text}"},
+    "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+    "model": {"provider": "openai", "config": {"model": "smollm2"}},
+    "runtime": {"chunk_rows": 4},
+}
+
+
+def _spec(tmp_path: Path, proxy: FaultProxy, rows: int, runtime: dict | None = None, **config: Any):
+    texts = [f"Row {i}: name one colour." for i in range(rows)]
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"doc_id": f"d{i}", "text": t} for i, t in enumerate(texts)])
+    model = {"provider": "openai", "config": {"model": "smollm2", "base_url": proxy.url, "backoff_base_s": 0.05,
+                                              "backoff_max_s": 0.2, **config}}
+    return make_spec(SPEC, tmp_path / "data", model=model, runtime={"chunk_rows": 4, **(runtime or {})}), texts
+
+
+def _failure_text(result) -> str:
+    return "\n".join(str(e.event_specific_data.error) for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+
+
+def _checks(result) -> dict[str, bool]:
+    return {e.event_specific_data.check_name: e.event_specific_data.passed
+            for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+
+
+@pytest.mark.parametrize("status,cause", [(401, "rejected the API key"), (404, "does not know this model")])
+def test_setup_errors_fail_the_step_fast_and_publish_nothing(tmp_path: Path, status: int, cause: str) -> None:
+    body = {"error": {"message": "The model `smollm2` does not exist", "type": "invalid_request_error"}}
+    with FaultProxy(lambda key, n: Respond(status, body)) as proxy:
+        spec, _ = _spec(tmp_path, proxy, rows=24, max_concurrency=2, max_attempts=5)
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+    assert not result.success
+    text = _failure_text(result)
+    assert f"HTTP {status}" in text and cause in text and "What to do" in text and "nothing was published" in text
+    # fast: never retried, and the rows queued behind the first answers were not sent (24 rows x 5 attempts otherwise)
+    assert len(proxy.attempts) <= 4
+    assert not (tmp_path / "store" / "answers" / "output").exists()
+
+
+def test_every_row_failing_alike_fails_the_step(tmp_path: Path) -> None:
+    with FaultProxy(lambda key, n: Respond(503, {"error": {"message": "overloaded"}})) as proxy:
+        spec, _ = _spec(tmp_path, proxy, rows=8, max_concurrency=4, max_attempts=2)
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+    assert not result.success
+    assert "failed the same way: HTTP 503" in _failure_text(result)
+    assert not (tmp_path / "store" / "answers" / "output").exists()
+
+
+def test_too_many_row_errors_fail_the_blocking_check_and_block_publish(tmp_path: Path) -> None:
+    refused = {"Row 1: name one colour.", "Row 5: name one colour.", "Row 9: name one colour."}
+
+    def script(key: str, n: int):
+        return Respond(400, {"error": {"message": "content policy"}}) if key in refused else Echo()
+
+    with FaultProxy(script) as proxy:
+        spec, _ = _spec(tmp_path, proxy, rows=10)
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+        assert not result.success
+        assert _checks(result) == {"no_row_errors": False, "rows_exactly_once": True, "error_rate": False,
+                                   "output_schema": True}
+        assert not (tmp_path / "store" / "answers" / "output").exists()
+
+        # the same partition under a threshold that admits 3 of 10: published, the errors recorded per row
+        lenient, _ = _spec(tmp_path, proxy, rows=10, runtime={"max_error_fraction": 0.3})
+        assert run_pipeline(lenient, tmp_path / "store", ["a"]).success
+    rows = pq.read_table(tmp_path / "store" / "answers" / "output" / "a.parquet").to_pylist()
+    assert sorted(r["doc_id"] for r in rows if r["error"]) == ["d1", "d5", "d9"]
+    assert all("HTTP 400" in r["error"] for r in rows if r["error"])
+
+
+def test_the_request_window_spans_chunk_boundaries(tmp_path: Path) -> None:
+    with FaultProxy(lambda key, n: Echo(delay_s=0.03 + (zlib.crc32(key.encode()) % 5) / 100)) as proxy:
+        spec, texts = _spec(tmp_path, proxy, rows=40, max_concurrency=6)
+        assert run_pipeline(spec, tmp_path / "store", ["a"]).success
+    chunk_of = {t: i // 4 for i, t in enumerate(texts)}
+    last_finish = {}
+    for a in proxy.attempts:
+        last_finish[chunk_of[a.key]] = max(last_finish.get(chunk_of[a.key], 0), a.finished)
+    overlapped = sum(1 for a in proxy.attempts if chunk_of[a.key] > 0 and a.arrived < last_finish[chunk_of[a.key] - 1])
+    # a barrier per chunk would make this 0: no request of chunk k+1 before chunk k's last answer
+    assert overlapped >= 9
+    assert proxy.max_in_flight == 6  # full window, never more than max_concurrency
+    rows = pq.read_table(tmp_path / "store" / "answers" / "output" / "a.parquet").to_pylist()
+    assert [r["generated_text"] for r in rows] == [f"echo:{t}" for t in texts]  # in order, one each
+
+
+def _warm_up(server) -> None:
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    request = urllib.request.Request(server.base_url + "/chat/completions", data=body,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        resp.read()
+
+
+@pytest.mark.slow
+def test_fault_storm_against_the_real_llama_server(tmp_path: Path, llama_server) -> None:
+    """429 storms with Retry-After, ~20% 500s, a timeout and a malformed body in front of the real llama.cpp server:
+    the partition completes, every row has a result or a recorded error, no row is answered twice."""
+    def script(key: str, n: int):
+        i = int(key.split()[1].rstrip(":"))
+        if i == 7:
+            return Respond(503, {"error": {"message": "overloaded"}})  # never recovers: a recorded row error
+        if n == 1:
+            return Respond(429, {"error": {"message": "slow down"}}, {"retry-after": "0.3"})  # every row, once
+        if n == 2 and i % 5 == 0:
+            return Respond(500, {"error": {"message": "boom"}})  # 20% of rows
+        if n == 2 and i == 3:
+            return Stall(16.0)  # past timeout_s: retried
+        if n == 2 and i == 4:
+            return Malformed()
+        return Forward()
+
+    _warm_up(llama_server)  # a cold server's first answer can outlast timeout_s: that retry would be a real repeat
+    with FaultProxy(script, upstream=llama_server.root) as proxy:
+        spec, texts = _spec(tmp_path, proxy, rows=10, runtime={"max_error_fraction": 0.1},
+                            max_concurrency=2, max_attempts=4, timeout_s=15.0)
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+
+    assert result.success, _failure_text(result)
+    rows = pq.read_table(tmp_path / "store" / "answers" / "output" / "a.parquet").to_pylist()
+    assert sorted(r["doc_id"] for r in rows) == sorted(f"d{i}" for i in range(10))  # none lost, none repeated
+    for i, r in enumerate(sorted(rows, key=lambda r: int(r["doc_id"][1:]))):
+        if i == 7:
+            assert r["generated_text"] is None and "HTTP 503" in r["error"] and "gave up after 4 attempts" in r["error"]
+        else:
+            assert r["error"] is None and r["generated_text"], r
+    for i, t in enumerate(texts):
+        forwarded_ok = [a for a in proxy.attempts_for(t) if a.action == "Forward" and a.status == 200]
+        assert len(forwarded_ok) == (0 if i == 7 else 1), i  # each answer paid for once
+    assert proxy.max_in_flight <= 2 + 1  # the stalled request lingers at the proxy after the client gave up
