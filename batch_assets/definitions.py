@@ -1,20 +1,40 @@
 """The Dagster code location: one set of assets per pipeline spec in batch_assets/pipelines/*.yaml.
 
 Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several).
+
+Each spec is loaded and built on its own: a broken spec (invalid YAML or fields, a duplicate name, a source that
+cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
+warning and as an asset `broken_pipelines/<file>` whose description holds the error and whose materialization fails
+with it, so the UI shows what is wrong and where instead of a code location that will not load.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
 from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
-from batch_assets.spec import PipelineSpec, load_specs
+from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import ArrowStorage
 
 PIPELINES_DIR = Path(__file__).parent / "pipelines"
+BROKEN_GROUP = "broken_pipelines"
+log = logging.getLogger(__name__)
+
+
+class BrokenPipelineWarning(UserWarning):
+    """A pipeline spec could not be loaded; the other pipelines of the code location still are."""
+
+
+@dataclass(frozen=True)
+class BrokenSpec:
+    origin: str  # the spec file
+    error: str
 
 
 def pipeline_dirs() -> list[Path]:
@@ -22,14 +42,68 @@ def pipeline_dirs() -> list[Path]:
     return [Path(p) for p in extra.split(os.pathsep) if p] if extra else [PIPELINES_DIR]
 
 
-def load_all_specs() -> list[PipelineSpec]:
-    return [spec for folder in pipeline_dirs() for spec in load_specs(folder)]
+def load_all_specs() -> tuple[list[PipelineSpec], list[BrokenSpec]]:
+    """Every valid spec, and every file that is not one (each with its error). Names must be unique: a second
+    spec with a name already taken is broken, the first keeps working."""
+    specs: list[PipelineSpec] = []
+    broken: list[BrokenSpec] = []
+    taken: dict[str, str] = {}
+    for folder in pipeline_dirs():
+        for path in sorted(Path(folder).glob("*.yaml")):
+            try:
+                spec = load_spec(path)
+            except SpecError as exc:
+                broken.append(BrokenSpec(str(path), str(exc)))
+                continue
+            if spec.name in taken:
+                broken.append(BrokenSpec(str(path), f"pipeline names must be unique: {spec.name!r} is already "
+                                                    f"defined in {taken[spec.name]}; rename one of them"))
+                continue
+            taken[spec.name] = str(path)
+            specs.append(spec)
+    return specs, broken
 
 
-def build_definitions(specs: list[PipelineSpec]) -> dg.Definitions:
-    per_pipeline = [build_pipeline_definitions(spec) for spec in specs]
-    shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()})
+def _asset_name(origin: str) -> str:
+    stem = "".join(c if c.isalnum() or c == "_" else "_" for c in Path(origin).stem.lower())
+    return stem if stem[:1].isalpha() else f"spec_{stem}"
+
+
+def broken_spec_asset(broken: BrokenSpec, name: str) -> dg.AssetsDefinition:
+    """An asset standing for a spec that did not load: visible in the UI, failing with the spec's error."""
+
+    @dg.asset(
+        key=dg.AssetKey([BROKEN_GROUP, name]),
+        group_name=BROKEN_GROUP,
+        description=f"This pipeline spec could not be loaded: {broken.error}",
+        metadata={"spec_file": broken.origin, "error": broken.error},
+    )
+    def _broken() -> None:
+        raise SpecError(f"{broken.error}\n(the spec {broken.origin} did not load; fix it and reload the code "
+                        "location)")
+
+    return _broken
+
+
+def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None) -> dg.Definitions:
+    broken = list(broken or [])
+    per_pipeline = []
+    for spec in specs:
+        try:
+            per_pipeline.append(build_pipeline_definitions(spec))
+        except Exception as exc:  # surfaced below as a failing asset + warning: never swallowed
+            broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
+    for b in broken:
+        message = f"pipeline spec {b.origin} was not loaded: {b.error}"
+        log.warning(message)
+        warnings.warn(message, BrokenPipelineWarning, stacklevel=2)
+    names: list[str] = []
+    for b in broken:
+        name = _asset_name(b.origin)
+        names.append(name if name not in names else f"{name}_{len(names)}")
+    shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()},
+                            assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
     return dg.Definitions.merge(shared, *per_pipeline)
 
 
-defs = build_definitions(load_all_specs())
+defs = build_definitions(*load_all_specs())

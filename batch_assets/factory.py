@@ -15,12 +15,15 @@ from typing import Any
 import dagster as dg
 
 from batch_assets.checks import blocking_check_results, blocking_check_specs
+from batch_assets.cache import CachedProvider, ResponseCache
 from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
+from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
 from batch_assets.prepare import run_prepare
 from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
 from batch_assets.sample_data import ensure_sample
+from batch_assets.secrets import resource_config
 from batch_assets.sink import run_write
 from batch_assets.sources import run_read
 from batch_assets.spec import PipelineSpec
@@ -45,26 +48,26 @@ def model_resource_key(spec: PipelineSpec) -> str:
 
 
 def build_model_resource(spec: PipelineSpec) -> dg.ConfigurableResource:
-    """The provider resource from the spec; {env: NAME} values become dg.EnvVar (read at run time, hidden)."""
-    config = {
-        k: dg.EnvVar(v["env"]) if isinstance(v, dict) and set(v) == {"env"} else v
-        for k, v in spec.model.config.items()
-    }
-    return provider_class(spec.model.provider)(**config)
+    """The provider resource from the spec; {env: NAME} references are resolved at run time (batch_assets.secrets)."""
+    return provider_class(spec.model.provider)(**resource_config(spec.model.config))
 
 
 def run_partitions(
-    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport]
+    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport],
+    stage: str | None = None,
 ) -> list[PartitionReport]:
     """Run one stage over every partition of the run, in order; each partition gets its own metadata.
 
-    Errors are located (pipeline, partition) before they fail the step.
+    Each partition's stage runs under the partition's lock (batch_assets.locks): two runs of one partition at once
+    take turns instead of interleaving. Errors are located (pipeline, partition) before they fail the step.
     """
     reports: list[PartitionReport] = []
     keys = context.partition_keys
+    root = getattr(context.resources, STORAGE_KEY).resolved_root()
     for key in keys:
         try:
-            report = stage_fn(key)
+            with partition_lock(root, spec.name, stage or context.asset_key.path[-1], key, on_wait=context.log.info):
+                report = stage_fn(key)
         except PipelineError as exc:
             raise exc.located(pipeline=spec.name, partition=key) from None
         reports.append(report)
@@ -149,6 +152,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)
+        if spec.runtime.response_cache:
+            provider = CachedProvider(provider, ResponseCache(storage.resolved_root()))
         stats = InferStats()
         reports = run_partitions(context, spec, lambda key: run_infer(spec, storage, key, provider, stats))
         describe = provider.describe()
@@ -160,6 +165,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             "chunks_reused": dg.MetadataValue.int(stats.chunks_reused),
             "chunks_computed": dg.MetadataValue.int(stats.chunks_computed),
         }
+        if isinstance(provider, CachedProvider):
+            extra["cache_hits"] = dg.MetadataValue.int(provider.hits)
+            extra["cache_misses"] = dg.MetadataValue.int(provider.misses)
         if "batch_size" in describe:
             extra["batch_size"] = dg.MetadataValue.int(int(describe["batch_size"]))
         if spec.task.kind == "generate":

@@ -62,7 +62,27 @@ def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
 
 
 def _expand(pattern: str) -> list[str]:
-    """Files matching a local or s3:// glob, as URLs of the same kind, sorted."""
+    """Files matching a local or s3:// glob, as URLs of the same kind, sorted. An object store that refuses the
+    listing (bad credentials, no permission) or cannot be reached is a clear error, not "no files"."""
+    try:
+        return _expand_unchecked(pattern)
+    except FileNotFoundError:  # e.g. a bucket that does not exist: _require says so, with the path
+        return []
+    except PermissionError as exc:
+        raise PipelineError(
+            f"access to the source was refused ({exc})", file=pattern,
+            fix="check the credentials where the pipeline runs (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+            "AWS_PROFILE or the pod's role) and that they may list and read this bucket",
+        ) from None
+    except OSError as exc:
+        raise PipelineError(
+            f"the source could not be listed: {type(exc).__name__}: {exc}", file=pattern,
+            fix="check that the storage is reachable from where the pipeline runs (for S3: AWS_ENDPOINT_URL, the "
+            "network, the bucket name)",
+        ) from None
+
+
+def _expand_unchecked(pattern: str) -> list[str]:
     fs, path = filesystem_for(pattern)
     if not globlib.has_magic(path):
         return [pattern] if fs.exists(path) else []
@@ -78,7 +98,19 @@ def discover_file_keys(spec: PipelineSpec) -> list[str]:
     """Static partitioning without keys: one key per file, the part of its name that {partition} matches."""
     pattern = spec.source.path
     if PARTITION_TOKEN not in pattern:
-        return [_file_key(u) for u in _expand(pattern)]
+        by_key: dict[str, str] = {}
+        for url in _expand(pattern):
+            key = _file_key(url)
+            if key in by_key:
+                raise PipelineError(
+                    f"two source files give the same partition key {key!r}: {by_key[key]} and {url} (the key is "
+                    "the file name before its first dot)",
+                    pipeline=spec.name, file=url,
+                    fix="rename one of the files, narrow source.path, or put {partition} in the path and list "
+                    "partitioning.keys",
+                )
+            by_key[key] = url
+        return sorted(by_key)
     fs, path = filesystem_for(pattern)
     regex = re.compile(
         "^" + ".*".join(re.escape(p) for p in path.split(PARTITION_TOKEN)).replace(r"\*", "[^/]*") + "$"

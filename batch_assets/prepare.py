@@ -1,4 +1,5 @@
-"""Preparation: render each row's model input, flag empty inputs, and check row ids are unique.
+"""Preparation: render each row's model input and flag empty inputs. (Row ids are proven unique by the read stage:
+`check_unique` below, 8 bytes a row, see batch_assets.row_ids.)
 
 Empty inputs are flagged (`input_empty`, `input_problem`), never dropped: the infer stage skips them and records
 a row error, so every input row id still appears exactly once in the output.
@@ -12,14 +13,15 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import stable_hash64
 from batch_assets.report import PartitionReport
+from batch_assets.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, read_batches, upstream_url, write_parquet
 
 
 def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
-    """The prepare stage for one partition: `raw` rows in, `prepared` rows (with model inputs) out."""
+    """The prepare stage for one partition: `raw` rows in (ids already proven unique by the read stage), `prepared`
+    rows (with model inputs) out."""
     import time
 
     start = time.perf_counter()
@@ -33,37 +35,30 @@ def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> Partitio
     return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged})
 
 
-class RowIdTracker:
-    """Remembers the 64-bit hash of every row id seen in a partition (8 bytes a row, not the ids themselves)."""
-
-    def __init__(self) -> None:
-        self._seen: set[int] = set()
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        ids = batch.column("row_id").to_pylist()
-        for i, h in enumerate(stable_hash64(ids).tolist()):
-            if h in self._seen:
-                raise PipelineError(
-                    f"row id {ids[i]!r} appears more than once in the partition",
-                    file=batch.column("_source_file")[i].as_py(),
-                    row=batch.column("_source_row")[i].as_py(),
-                    fix="make the id column unique, or drop prepare.id_column to use '<file>:<row>' ids",
-                )
-            self._seen.add(h)
-
-    def __len__(self) -> int:
-        return len(self._seen)
+def check_unique(ids: UniqueIdChecker, rescan) -> None:
+    dupes = ids.duplicates(rescan)
+    if dupes:
+        rid, where = dupes[0]
+        others = "; ".join(f"{r!r} at {', '.join(f'{f} row {n}' for f, n in w)}" for r, w in dupes)
+        raise PipelineError(
+            f"row id {rid!r} appears more than once in the partition ({len(dupes)} repeated id(s) named: {others})",
+            file=where[1][0],
+            row=where[1][1],
+            fix="make the id column unique, or drop prepare.id_column to use '<file>:<row>' ids",
+        )
 
 
 def _blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    tracker = RowIdTracker()
+def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
+                    ids: UniqueIdChecker | None = None) -> Iterator[pa.RecordBatch]:
+    """Prepared batches; each batch's row ids go to `ids`, whose caller checks them once the stream ends."""
     prep, kind = spec.prepare, spec.task.kind
     for batch in batches:
-        tracker.add(batch)
+        if ids is not None:
+            ids.add(batch)
         n = batch.num_rows
         problems: list[str | None] = [None] * n
         extra_names: list[str] = []

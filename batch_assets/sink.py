@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import stable_hash64
 from batch_assets.report import PartitionReport, markdown_preview
+from batch_assets.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import (
     ArrowStorage,
@@ -23,6 +23,7 @@ from batch_assets.storage import (
     atomic_output,
     filesystem_for,
     join,
+    parquet_footer_metadata,
     parquet_schema,
     partition_file_name,
     read_batches,
@@ -33,9 +34,11 @@ EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
 
 
 def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
-    """The write stage for one partition: publish the sink columns of `inferred`, committed atomically, only if
-    every source row id appears exactly once."""
+    """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
+    (rows that failed), each committed atomically, only if every source row id appears exactly once."""
     import time
+
+    from batch_assets.dead_letters import DeadLetterWriter, dead_letter_url
 
     start = time.perf_counter()
     src = upstream_url(storage, spec.name, "inferred", key)
@@ -47,46 +50,59 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
         raise PipelineError(f"sink columns {missing} are not produced; available: {schema.names}",
                             column=missing[0], fix="fix sink.columns in the spec")
     out_schema = pa.schema([schema.field(c) for c in columns])
-    seen: set[int] = set()
-    dupes: list[str] = []
+    expected = source_fingerprint(raw_url)
+    published = RowIdFingerprint()  # O(1) memory, whatever the partition size
     head: list[pa.RecordBatch] = []
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for batch in read_batches(src, batch_rows=spec.source.batch_rows):
-            ids = batch.column("row_id").to_pylist()
-            for rid, h in zip(ids, stable_hash64(ids).tolist()):
-                if h in seen:
-                    dupes.append(rid)
-                seen.add(h)
-            out = batch.select(columns)
-            if sum(b.num_rows for b in head) < 5:
-                head.append(out.slice(0, 5))
-            yield out
-
     url = sink_url(spec, storage, key)
-    expected = {h for b in read_batches(raw_url, columns=["row_id"])
-                for h in stable_hash64(b.column(0).to_pylist()).tolist()}
-    rows = write_sink(spec, url, _verified(batches(), seen, dupes, expected, spec, key), out_schema)
+    dl_url = dead_letter_url(storage, spec.name, key)
+
+    with DeadLetterWriter(spec, dl_url) as dead:
+        def batches() -> Iterator[pa.RecordBatch]:
+            for batch in read_batches(src, batch_rows=spec.source.batch_rows):
+                published.add(batch)
+                dead.add(batch)
+                out = batch.select(columns)
+                if sum(b.num_rows for b in head) < 5:
+                    head.append(out.slice(0, 5))
+                yield out
+            # still inside the atomic write: a mismatch aborts it and nothing is committed
+            verify_exactly_once(spec, key, expected, published, raw_url, src)
+
+        rows = write_sink(spec, url, batches(), out_schema)
     from batch_assets.checkpoint import remove_partition_checkpoints
 
     remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
     return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
-                           {"rows_in_source": len(expected), "preview": dg.MetadataValue.md(markdown_preview(head, columns))})
+                           {"rows_in_source": expected.count, "dead_letters": dead.rows,
+                            "dead_letters_path": dl_url,
+                            "preview": dg.MetadataValue.md(markdown_preview(head, columns))})
 
 
-def _verified(batches: Iterator[pa.RecordBatch], seen: set[int], dupes: list[str], expected: set[int],
-              spec: PipelineSpec, key: str) -> Iterator[pa.RecordBatch]:
-    """Pass batches through; after the last one, fail (inside the atomic write, so nothing is committed) if any
-    source row is missing or repeated."""
-    yield from batches
-    missing = len(expected - seen)
-    if dupes or missing or len(seen) != len(expected):
-        raise PipelineError(
-            f"output would not hold every source row exactly once: {missing} missing, {len(dupes)} repeated "
-            f"(e.g. {dupes[:3]})",
-            pipeline=spec.name, partition=key,
-            fix="re-materialize the upstream assets of this partition; if it persists, report a bug",
-        )
+def source_fingerprint(raw_url: str) -> RowIdFingerprint:
+    """The fingerprint the read stage took of the source rows (a raw file from before it existed: recomputed)."""
+    stored = parquet_footer_metadata(raw_url).get(FINGERPRINT_KEY)
+    if stored:
+        return RowIdFingerprint.from_json(stored)
+    fp = RowIdFingerprint()
+    for batch in read_batches(raw_url, columns=["row_id"]):
+        fp.add(batch)
+    return fp
+
+
+def verify_exactly_once(spec: PipelineSpec, key: str, expected: RowIdFingerprint, published: RowIdFingerprint,
+                        raw_url: str, out_url: str) -> None:
+    """Fail unless the published ids are the source ids, each once (prepare proved the source ids unique)."""
+    if published == expected:
+        return
+    diff = name_differences(lambda: read_batches(raw_url, columns=["row_id"]),
+                            lambda: read_batches(out_url, columns=["row_id"]))
+    raise PipelineError(
+        f"output would not hold every source row exactly once: {expected.count} source rows, {published.count} "
+        f"output rows; {diff.missing_count} missing (e.g. {diff.missing}), {diff.repeated_count} repeated "
+        f"(e.g. {diff.repeated}), {diff.unexpected_count} not in the source (e.g. {diff.unexpected})",
+        pipeline=spec.name, partition=key,
+        fix="re-materialize the upstream assets of this partition; if it persists, report a bug",
+    )
 
 
 def sink_url(spec: PipelineSpec, storage: ArrowStorage, partition: str) -> str:

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import PartitionSlice
 from batch_assets.report import PartitionReport
+from batch_assets.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
 
@@ -30,13 +31,22 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     import time
 
     from batch_assets.partitions import resolve_partition
+    from batch_assets.prepare import check_unique
     start = time.perf_counter()
     part = resolve_partition(spec, key)
     url = storage.stage_url(spec.name, "raw", key)
+    source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
+    unique = UniqueIdChecker()  # 8 bytes a row
     with write_parquet(url) as writer:
         for batch in read_partition(spec, part):
+            source_ids.add(batch)
+            unique.add(batch)
             writer.write(batch)
-    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url, {"source_files": len(part.files)})
+        # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
+        check_unique(unique, lambda: read_partition(spec, part))
+        writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
+    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url,
+                           {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes})
 
 
 def read_partition(spec: PipelineSpec, part: PartitionSlice) -> Iterator[pa.RecordBatch]:
@@ -71,7 +81,11 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
         )
     readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
     next_row = 1
+    checked: pa.Schema | None = None
     for batch in readers[spec.source.format](spec, url):
+        if batch.schema != checked:
+            _check_text_types(spec, batch, next_row)
+            checked = batch.schema
         n = batch.num_rows
         rows = pa.array(range(next_row, next_row + n), type=pa.int64())
         ids = _row_ids(spec, url, batch, rows)
@@ -97,6 +111,27 @@ def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array
             fix="give every row an id, or drop prepare.id_column to use '<file>:<row>' ids",
         )
     return ids
+
+
+def _text_columns(spec: PipelineSpec) -> list[str]:
+    """Columns whose values become text: the row id, the text column, the prompt template's fields."""
+    prep = spec.prepare
+    cols = [prep.id_column, prep.text_column, *prep.template_fields()]
+    return [c for c in dict.fromkeys(cols) if c]
+
+
+def _check_text_types(spec: PipelineSpec, batch: pa.RecordBatch, first_row: int) -> None:
+    """A list, struct, map or binary value would reach the model as its Python repr: refuse it by name instead."""
+    for column in _text_columns(spec):
+        kind = batch.schema.field(column).type
+        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            valid = pc.is_valid(batch.column(column))
+            at = pc.index(valid, True).as_py() if pc.any(valid).as_py() else 0
+            raise PipelineError(
+                f"the column holds {kind} values, not text", column=column, row=first_row + max(at, 0),
+                fix="point the spec at a text column (prepare.text_column / the template's fields / "
+                "prepare.id_column), or convert the column to strings in the source",
+            )
 
 
 def _missing_columns(spec: PipelineSpec, found: list[str]) -> None:
@@ -175,7 +210,9 @@ def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
                 if not checked:
                     _missing_columns(spec, batch.schema.names)
                     checked = True
-                yield batch.select(spec.source.columns)
+                batch = batch.select(spec.source.columns)
+                _check_utf8(spec, url, batch)
+                yield batch
         except pa.ArrowInvalid as exc:
             message = str(exc)
             if "UTF8" in message or "encoding" in message.lower():
@@ -186,6 +223,21 @@ def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
                 ) from None
             raise PipelineError(f"the JSON lines file could not be parsed: {message}",
                                 fix="each line must be one JSON object") from None
+
+
+def _check_utf8(spec: PipelineSpec, url: str, batch: pa.RecordBatch) -> None:
+    """pyarrow's JSON reader passes invalid UTF-8 through into string columns; catch it here, by column and row,
+    before a later stage trips over it."""
+    for name in batch.schema.names:
+        try:
+            batch.column(name).validate(full=True)
+        except pa.ArrowInvalid:
+            line = _first_bad_utf8_row(url)
+            raise PipelineError(
+                f"the file is not valid {spec.source.encoding}", column=name,
+                row=None if line is None else line + 1,  # no header line in JSON lines
+                fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
+            ) from None
 
 
 def _parquet_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from batch_assets.secrets import literal_secret_problem, literal_secrets
 from resources.protocols import supports
 from resources.registry import PROVIDERS, provider_class
 from resources.structured import StructuredOutput
@@ -173,6 +174,11 @@ class RuntimeSpec(_Strict):
         "before the blocking `error_rate` check fails the infer step and nothing is published. Rows whose input "
         "was empty are reported, not counted.",
     )
+    response_cache: bool = Field(
+        default=False,
+        description="Keep every successful model answer under <storage root>/_cache, keyed by model, parameters and "
+        "prepared input, and reuse it in any later run, partition or pipeline (batch_assets/cache.py).",
+    )
 
 
 class PipelineSpec(_Strict):
@@ -238,6 +244,9 @@ class PipelineSpec(_Strict):
         if part.kind == "hash" and PARTITION_TOKEN in self.source.path:
             problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
 
+        secret_literals = literal_secrets(self.model.config)
+        if secret_literals:
+            problems.append(("model.config", literal_secret_problem(secret_literals)))
         if self.model.provider not in PROVIDERS:
             problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
         elif not supports(provider_class(self.model.provider), task.kind):

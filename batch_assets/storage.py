@@ -114,6 +114,8 @@ class ParquetPartitionWriter:
         self._schema = schema
         self._writer: pq.ParquetWriter | None = None
         self.rows = 0
+        # written into the file footer at close (e.g. the read stage's row id fingerprint of the source)
+        self.key_value_metadata: dict[str, str] = {}
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
         if self._writer is None:
@@ -136,6 +138,8 @@ class ParquetPartitionWriter:
             # No batch came: still write a valid, empty file so the partition exists with 0 rows.
             schema = self._schema or empty_schema or pa.schema([])
             self._writer = pq.ParquetWriter(self._sink, schema, compression="zstd")
+        if self.key_value_metadata:
+            self._writer.add_key_value_metadata(self.key_value_metadata)
         self._writer.close()
 
 
@@ -164,6 +168,13 @@ def parquet_schema(url: str) -> pa.Schema:
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:
         return pq.ParquetFile(f).schema_arrow
+
+
+def parquet_footer_metadata(url: str) -> dict[bytes, bytes]:
+    """The key/value metadata of a Parquet file's footer (no data is read)."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        return dict(pq.ParquetFile(f).metadata.metadata or {})
 
 
 def parquet_rows(url: str) -> int:

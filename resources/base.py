@@ -48,6 +48,27 @@ class ModelResource(dg.ConfigurableResource):
         """A human-readable model name for logs and metadata (never a secret)."""
         return str(getattr(self, "model", type(self).__name__))
 
+    def secret_values(self) -> list[str]:
+        """Values that must never appear in an error or a log line: secret-named fields and every variable a
+        nested `{env: NAME}` refers to."""
+        from batch_assets.secrets import env_secret_values, is_secret_name
+
+        values: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name, None)
+            if is_secret_name(name) and isinstance(value, str):
+                values.append(value)
+            elif isinstance(value, (dict, list)):
+                values += env_secret_values(value)
+        return values
+
+    def config_value(self, name: str) -> Any:
+        """A dict/list field with its nested `{env: NAME}` references read from the environment (at load time, in
+        the run's process: the value never reaches the config Dagster stores and shows)."""
+        from batch_assets.secrets import resolve_env_refs
+
+        return resolve_env_refs(getattr(self, name), f"model.config.{name}")
+
     def describe(self) -> dict[str, Any]:
         """Metadata recorded on the infer asset: safe, non-secret settings."""
         out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
@@ -62,8 +83,12 @@ class ModelResource(dg.ConfigurableResource):
             self._model = self.load()
         except ImportError:
             raise
-        except Exception as exc:  # re-raised with the model named: a failed load must fail the step
-            raise ModelLoadError(f"{type(self).__name__} could not load model {self.model_name()!r}: {exc}") from exc
+        except Exception as exc:  # re-raised with the model named (and secrets masked): a failed load fails the step
+            from batch_assets.secrets import scrub
+
+            message = scrub(f"{type(self).__name__} could not load model {self.model_name()!r}: {exc}",
+                            self.secret_values())
+            raise ModelLoadError(message) from None
         self._load_seconds = time.perf_counter() - start
         LOAD_COUNTS[type(self).__name__] += 1
         if context.log is not None:

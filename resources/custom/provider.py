@@ -74,7 +74,7 @@ class CustomModelProvider(ModelResource):
                 f"class_path {self.class_path!r} names a {type(factory).__name__}, not a class: point it at the "
                 "class (or a factory function) that builds your model"
             )
-        kwargs = dict(self.init_kwargs)
+        kwargs = dict(self.config_value("init_kwargs"))
         if "device" in kwargs:
             raise ValueError(
                 f"{self.class_path}: set the device with the provider's `device` field, not init_kwargs['device']"

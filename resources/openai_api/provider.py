@@ -119,6 +119,11 @@ class OpenAICompatibleProvider(ModelResource):
         "at run time and hidden in the UI. Unset: the OPENAI_API_KEY environment variable at run time; local servers "
         "that need no key get a placeholder. Never logged or recorded in metadata.",
     )
+    send_default_api_key: bool = Field(
+        default=False,
+        description="With api_key unset and a base_url that is not OpenAI's, send the OPENAI_API_KEY environment "
+        "variable there anyway. Off: a key meant for OpenAI never leaks to a third-party or local endpoint.",
+    )
     api: Literal["chat", "responses"] = Field(
         default="chat",
         description="'chat' (/chat/completions, every compatible server) or 'responses' (/responses: OpenAI, vLLM).",
@@ -199,7 +204,7 @@ class OpenAICompatibleProvider(ModelResource):
         except ImportError as exc:
             raise MissingExtraError("openai", "openai", "the OpenAI-compatible provider") from exc
         self._check_settings()
-        key = self.api_key or os.environ.get("OPENAI_API_KEY")
+        key = self.api_key or (os.environ.get("OPENAI_API_KEY") if self._default_key_allowed() else None)
         if not key:
             if self.base_url is None and not os.environ.get("OPENAI_BASE_URL"):
                 raise ValueError(
@@ -236,6 +241,12 @@ class OpenAICompatibleProvider(ModelResource):
                 loaded.runner.run(loaded.client.close())
             finally:
                 loaded.runner.close()
+
+    def _default_key_allowed(self) -> bool:
+        """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""
+        base = self.base_url or os.environ.get("OPENAI_BASE_URL")
+        host = (urlsplit(base).hostname or "") if base else "api.openai.com"
+        return self.send_default_api_key or host == "openai.com" or host.endswith(".openai.com")
 
     def _check_settings(self) -> None:
         problems = []
@@ -288,7 +299,7 @@ class OpenAICompatibleProvider(ModelResource):
             backend=self.constraint_backend,
             json_schema_mode=self.json_schema_mode,
             max_tokens_param=self.max_tokens_param,
-            extra_body=self.extra_body,
+            extra_body=self.config_value("extra_body"),
             store_responses=self.store_responses,
         )
         if self.api == "responses" and params.seed is not None:

@@ -129,7 +129,7 @@ class ImageModelProvider(ModelResource):
         import torch
 
         factory = import_object(str(self.torch_module), "torch_module")
-        module = factory(**self.torch_module_kwargs)
+        module = factory(**self.config_value("torch_module_kwargs"))
         if not isinstance(module, torch.nn.Module):
             raise ImportPathError(
                 f"torch_module {self.torch_module!r} returned a {type(module).__name__}, not a torch.nn.Module: "

@@ -134,7 +134,7 @@ class VLLMEngineProvider(ModelResource):
             args.update(enable_lora=True, max_loras=len(self.lora_adapters))
             if self.max_lora_rank is not None:
                 args["max_lora_rank"] = self.max_lora_rank
-        return {**args, **self.engine_kwargs}
+        return {**args, **self.config_value("engine_kwargs")}
 
     def load(self) -> Any:
         self.active_lora()  # a misnamed adapter fails before minutes of engine start-up
@@ -184,7 +184,7 @@ class VLLMEngineProvider(ModelResource):
             sampling_params=sampling_params(self.api, params, self.json_any_whitespace),
             use_tqdm=False,
             lora_request=self.lora_request(),
-            chat_template_kwargs=self.chat_template_kwargs or None,
+            chat_template_kwargs=self.config_value("chat_template_kwargs") or None,
         )
         if len(outputs) != len(order):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")

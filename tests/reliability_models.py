@@ -1,0 +1,33 @@
+"""Small model classes for the reliability tests, loaded through the real `custom` provider (class_path)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+
+class TokenCheckingModel:
+    """Needs a credential nested in its config, like a client library would: {"auth": {"headers": {"token": ...}}}.
+
+    It refuses a token that is not the expected one (by hash, so the test source holds no secret), and answers
+    with the text's length -- the output never contains the token.
+    """
+
+    def __init__(self, auth: dict[str, Any], expect_sha256: str, fail_loudly: bool = False) -> None:
+        token = auth["headers"]["token"]
+        if not isinstance(token, str):
+            raise TypeError(f"token arrived as {type(token).__name__}, not the resolved string")
+        if fail_loudly:  # a careless library that puts the credential into its error message
+            raise ValueError(f"could not log in with token {token}")
+        if hashlib.sha256(token.encode()).hexdigest() != expect_sha256:
+            raise ValueError("wrong token")
+
+    def __call__(self, batch: dict[str, list[Any]]) -> list[int]:
+        return [len(t or "") for t in batch["text"]]
+
+
+class TextLength:
+    """A deterministic, dependency-free model: the length of each text."""
+
+    def __call__(self, batch: dict[str, list[Any]]) -> list[int]:
+        return [len(t or "") for t in batch["text"]]
