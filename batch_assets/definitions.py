@@ -1,6 +1,8 @@
-"""The Dagster code location: one set of assets per pipeline spec in batch_assets/pipelines/*.yaml.
+"""The Dagster code location: one set of assets per pipeline spec in batch_assets/pipelines/*.yaml, plus the
+pipelines declared as Dagster Components under batch_assets/defs/ (`BatchInferencePipeline` defs.yaml files).
 
-Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several).
+Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several) instead of both
+built-in places (tests and deployments that bring their own pipelines).
 
 Each spec is loaded and built on its own: a broken spec (invalid YAML or fields, a duplicate name, a source that
 cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
@@ -85,7 +87,8 @@ def broken_spec_asset(broken: BrokenSpec, name: str) -> dg.AssetsDefinition:
     return _broken
 
 
-def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None) -> dg.Definitions:
+def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None,
+                      components: bool = False) -> dg.Definitions:
     broken = list(broken or [])
     per_pipeline = []
     for spec in specs:
@@ -93,6 +96,11 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
             per_pipeline.append(build_pipeline_definitions(spec))
         except Exception as exc:  # surfaced below as a failing asset + warning: never swallowed
             broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
+    if components:  # pipelines declared as Dagster Components (batch_assets/defs/*/defs.yaml)
+        try:
+            per_pipeline.append(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))
+        except Exception as exc:  # same treatment as a broken spec file; `dg check defs` points at the line
+            broken.append(BrokenSpec(str(Path(__file__).parent / "defs"), f"the component pipelines did not load: {exc}"))
     for b in broken:
         message = f"pipeline spec {b.origin} was not loaded: {b.error}"
         log.warning(message)
@@ -106,4 +114,4 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     return dg.Definitions.merge(shared, *per_pipeline)
 
 
-defs = build_definitions(*load_all_specs())
+defs = build_definitions(*load_all_specs(), components="BATCH_PIPELINES_DIR" not in os.environ)

@@ -13,6 +13,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from batch_assets import lance_sink
 from batch_assets.errors import PipelineError
 from batch_assets.report import PartitionReport, markdown_preview
 from batch_assets.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
@@ -111,6 +112,8 @@ def sink_url(spec: PipelineSpec, storage: ArrowStorage, partition: str) -> str:
         from batch_assets.storage import resolve_local
 
         base = resolve_local(base)
+    if spec.sink.format == "lancedb":
+        return lance_sink.partition_url(base, spec.sink.table or spec.name, partition)
     return join(base, partition_file_name(partition, EXTENSIONS[spec.sink.format]))
 
 
@@ -133,6 +136,8 @@ def _json_default(value: Any) -> Any:
 
 def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
     """Stream `batches` into `url` in the sink format; returns rows written. Visible only when complete."""
+    if spec.sink.format == "lancedb":
+        return lance_sink.write_partition(url, batches, schema, spec.prepare.id_column)
     fs, path = filesystem_for(url)
     rows = 0
     with atomic_output(fs, path) as f:

@@ -152,10 +152,17 @@ class ModelSpec(_Strict):
 
 class SinkSpec(_Strict):
     path: str | None = Field(
-        default=None, description="Folder or s3:// prefix for outputs (default: <storage root>/<pipeline>/output)."
+        default=None,
+        description="Folder or s3:// prefix for outputs (default: <storage root>/<pipeline>/output); for lancedb "
+        "the database folder or s3:// URI.",
     )
-    format: Literal["parquet", "jsonl", "csv"] = "parquet"
+    format: Literal["parquet", "jsonl", "csv", "lancedb"] = Field(
+        default="parquet",
+        description="parquet / jsonl / csv: one file per partition. lancedb: one vector-store table, each row "
+        "tagged with its partition_key; a re-materialized partition replaces its rows in one commit.",
+    )
     columns: list[str] | None = Field(default=None, description="Columns to keep, in order (default: all).")
+    table: str | None = Field(default=None, description="lancedb: the table name (default: the pipeline name).")
 
 
 class RuntimeSpec(_Strict):
@@ -284,9 +291,24 @@ class PipelineSpec(_Strict):
             problems.append(("task.output_column", f"output column(s) {clash} would overwrite source columns: rename"))
         if self.sink.format == "csv" and task.kind in ("embed", "embed_image"):
             problems.append(("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl"))
+        problems += self._sink_problems()
         if problems:
             raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))
         return self
+
+    def _sink_problems(self) -> list[tuple[str, str]]:
+        sink = self.sink
+        if sink.format != "lancedb":
+            return [("sink.table", "table applies to the lancedb sink only")] if sink.table else []
+        problems = []
+        if "partition_key" in self.source.columns or "partition_key" in (sink.columns or []):
+            problems.append(("sink.columns", "the lancedb sink adds column 'partition_key' itself: rename yours"))
+        if sink.columns is not None and not {"row_id", self.prepare.id_column} & set(sink.columns):
+            problems.append(("sink.columns", "the lancedb sink replaces rows by id: include row_id"
+                             + (f" or {self.prepare.id_column}" if self.prepare.id_column else "")))
+        if sink.table is not None and not NAME_RE.match(sink.table):
+            problems.append(("sink.table", f"{sink.table!r} must match {NAME_RE.pattern}"))
+        return problems
 
 
 def parse_spec(data: dict[str, Any], origin: str = "<dict>") -> PipelineSpec:
