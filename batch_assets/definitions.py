@@ -20,7 +20,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions, job_name
+from batch_assets.schedules import build_schedule
+from batch_assets.sensors import build_sensor
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import ArrowStorage
 
@@ -87,13 +89,19 @@ def broken_spec_asset(broken: BrokenSpec, name: str) -> dg.AssetsDefinition:
     return _broken
 
 
+def launch_definitions(spec: PipelineSpec) -> dg.Definitions:
+    """The pipeline's automatic launch paths: a schedule and/or a sensor, when its spec declares them."""
+    schedule, sensor = build_schedule(spec, job_name(spec)), build_sensor(spec, job_name(spec))
+    return dg.Definitions(schedules=[schedule] if schedule else [], sensors=[sensor] if sensor else [])
+
+
 def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None,
                       components: bool = False) -> dg.Definitions:
     broken = list(broken or [])
     per_pipeline = []
     for spec in specs:
         try:
-            per_pipeline.append(build_pipeline_definitions(spec))
+            per_pipeline += [build_pipeline_definitions(spec), launch_definitions(spec)]
         except Exception as exc:  # surfaced below as a failing asset + warning: never swallowed
             broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
     if components:  # pipelines declared as Dagster Components (batch_assets/defs/*/defs.yaml)

@@ -2,12 +2,15 @@
 
 The factory only wires: each stage's logic lives in its own module and is called once per partition of the run
 (`sources.run_read`, `prepare.run_prepare`, `infer.run_infer`, `sink.run_write`), returning a `PartitionReport`.
-All four assets share one partitions definition and a single-run backfill policy: a backfill or a
-`--partition-range` run processes its partitions in one run, so the infer step loads the model once.
+All four assets share one partitions definition and the spec's backfill policy (`single_run` by default: a backfill
+or a `--partition-range` run processes its partitions in one run, so the infer step loads the model once), its
+step retry policy, and a `code_version` per stage derived from the spec sections that stage depends on.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +23,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
 from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
+from batch_assets.pools import infer_pool
 from batch_assets.prepare import run_prepare
 from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
 from batch_assets.sample_data import ensure_sample
@@ -52,6 +56,49 @@ def build_model_resource(spec: PipelineSpec) -> dg.ConfigurableResource:
     return provider_class(spec.model.provider)(**resource_config(spec.model.config))
 
 
+# What each stage's output depends on in the spec (upstream changes reach it through Dagster's staleness).
+# Knobs that change how fast, not what (batch_rows, chunk_rows, retries, schedules), are left out.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "raw": ("source", "partitioning"),
+    "prepared": ("prepare",),
+    "inferred": ("task", "model"),
+    "output": ("sink",),
+}
+SPEED_ONLY_FIELDS = {"source": {"batch_rows"}}
+
+
+def stage_code_version(spec: PipelineSpec, stage: str) -> str:
+    """A digest of the spec sections a stage's output depends on: edit the prompt, model or params and that stage
+    (and, through Dagster's staleness, everything downstream) shows as stale in the UI. {env: NAME} secrets enter
+    by name only, never by value."""
+    dumped = spec.model_dump(mode="json")
+    sections = {
+        name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())}
+        for name in STAGE_SECTIONS[stage]
+    }
+    digest = hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    return f"{stage}-{digest[:12]}"
+
+
+def step_retry_policy(spec: PipelineSpec) -> dg.RetryPolicy | None:
+    """Retries with backoff for transient failures; `run_partitions` turns bad input into a non-retryable Failure."""
+    r = spec.retries
+    if not r.max_retries:
+        return None
+    return dg.RetryPolicy(
+        max_retries=r.max_retries,
+        delay=r.delay_seconds,
+        backoff=dg.Backoff.EXPONENTIAL if r.backoff == "exponential" else dg.Backoff.LINEAR,
+        jitter=dg.Jitter.PLUS_MINUS if r.jitter and r.delay_seconds else None,
+    )
+
+
+def backfill_policy(spec: PipelineSpec) -> dg.BackfillPolicy:
+    if spec.backfill.policy == "multi_run":
+        return dg.BackfillPolicy.multi_run(max_partitions_per_run=spec.backfill.max_partitions_per_run)
+    return dg.BackfillPolicy.single_run()
+
+
 def run_partitions(
     context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport],
     stage: str | None = None,
@@ -59,7 +106,12 @@ def run_partitions(
     """Run one stage over every partition of the run, in order; each partition gets its own metadata.
 
     Each partition's stage runs under the partition's lock (batch_assets.locks): two runs of one partition at once
-    take turns instead of interleaving. Errors are located (pipeline, partition) before they fail the step.
+    take turns instead of interleaving.
+    Each partition's file is committed atomically as it finishes, so when partition k fails, 1..k-1 are complete:
+    they are recorded as materialized (one AssetMaterialization each) before the step fails, and re-executing the
+    backfill from failure (or backfilling missing partitions) only does what is left. Bad input (PipelineError) is
+    located (pipeline, partition) and fails without retries: rerunning cannot fix it. Anything else (network,
+    worker loss) fails the step normally, so the step's RetryPolicy retries it with backoff.
     """
     reports: list[PartitionReport] = []
     keys = context.partition_keys
@@ -69,11 +121,36 @@ def run_partitions(
             with partition_lock(root, spec.name, stage or context.asset_key.path[-1], key, on_wait=context.log.info):
                 report = stage_fn(key)
         except PipelineError as exc:
-            raise exc.located(pipeline=spec.name, partition=key) from None
+            _record_finished(context, reports, failed_key=key)
+            located = exc.located(pipeline=spec.name, partition=key)
+            raise dg.Failure(
+                description=str(located),
+                metadata={"pipeline": spec.name, "partition": key, "file": located.file or "",
+                          "column": located.column or "", "row": str(located.row or "")},
+                allow_retries=False,
+            ) from located
+        except BaseException:
+            _record_finished(context, reports, failed_key=key)
+            raise
         reports.append(report)
         if len(keys) > 1:
             context.add_asset_metadata(partition_metadata(report), partition_key=key)
     return reports
+
+
+def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionReport], failed_key: str) -> None:
+    for report in reports:
+        context.log_event(dg.AssetMaterialization(
+            asset_key=context.asset_key,
+            partition=report.key,
+            description=f"Finished before partition {failed_key!r} failed in the same run.",
+            metadata=partition_metadata(report),
+        ))
+    if reports:
+        context.log.warning(
+            f"Partition {failed_key!r} failed; {len(reports)} partition(s) finished before it are recorded as "
+            "materialized, so re-executing the backfill from failure redoes only the rest."
+        )
 
 
 def _stage_asset(
@@ -85,6 +162,7 @@ def _stage_asset(
     required: set[str],
     check_specs: list[dg.AssetCheckSpec] | None = None,
     op_tags: dict[str, Any] | None = None,
+    pool: str | None = None,
 ):
     deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])] if stage != "raw" else []
     return dg.asset(
@@ -94,10 +172,13 @@ def _stage_asset(
         group_name=spec.name,
         kinds=kinds,
         description=description,
-        backfill_policy=dg.BackfillPolicy.single_run(),
+        backfill_policy=backfill_policy(spec),
+        retry_policy=step_retry_policy(spec),
+        code_version=stage_code_version(spec, stage),
         required_resource_keys=required,
         check_specs=check_specs,
         op_tags=op_tags,
+        pool=pool,
         metadata={"pipeline": spec.name, "stage": stage},
     )
 
@@ -113,7 +194,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   {spec.source.format, "pyarrow"}, {STORAGE_KEY})
     def raw(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
-        made = ensure_sample(spec)
+        made = ensure_sample(spec, context.partition_keys)
         if made:
             context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
         reports = run_partitions(context, spec, lambda key: run_read(spec, storage, key))
@@ -148,7 +229,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   check_specs=[dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
                                                  description="Every row got a model output (warns otherwise)."),
                                *blocking_check_specs(spec, inferred_key)],
-                  op_tags=gpu_tags)
+                  op_tags=gpu_tags, pool=infer_pool(spec))
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)
@@ -202,10 +283,14 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     return [raw, prepared, inferred, output]
 
 
+def job_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}_job"
+
+
 def build_pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:
     assets = build_pipeline_assets(spec)
     job = dg.define_asset_job(
-        f"{spec.name}_job",
+        job_name(spec),
         selection=dg.AssetSelection.groups(spec.name),
         partitions_def=assets[0].partitions_def,
         description=f"All four stages of pipeline {spec.name}.",

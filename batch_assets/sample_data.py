@@ -104,10 +104,16 @@ def sample_targets(spec: PipelineSpec) -> list[str]:
     return [path]
 
 
-def ensure_sample(spec: PipelineSpec) -> list[str]:
-    """Write the spec's sample dataset where its source path points, unless it is there already."""
+def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str]:
+    """Write the spec's sample dataset where its source path points, unless it is there already.
+
+    Daily pipelines get one file per requested day (`keys`), `sample_rows` rows each, the same for a day on every
+    machine, so a schedule on a fresh clone finds yesterday's file whatever today is.
+    """
     if spec.source.sample is None:
         return []
+    if spec.partitioning.kind == "daily" and PARTITION_TOKEN in spec.source.path:
+        return _ensure_daily_sample(spec, keys or [])
     targets = sample_targets(spec)
     if all(filesystem_for(t)[0].exists(filesystem_for(t)[1]) for t in targets):
         return []
@@ -136,3 +142,20 @@ def _encode(rows: list[dict], fmt: str) -> bytes:
     out = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), out)
     return out.getvalue()
+
+
+def _ensure_daily_sample(spec: PipelineSpec, days: list[str]) -> list[str]:
+    made = []
+    for day in days:
+        target = spec.source.path.replace(PARTITION_TOKEN, day)
+        fs, path = filesystem_for(target)
+        if fs.exists(path):
+            continue
+        rows = GENERATORS[spec.source.sample](random.Random(f"20261121-{day}"), spec.source.sample_rows)
+        id_column = next(iter(rows[0])) if rows else None
+        for row in rows:  # ids unique across days, not only within one
+            row[id_column] = f"{day}-{row[id_column]}"
+        with atomic_output(fs, path) as f:
+            f.write(_encode(rows, spec.source.format))
+        made.append(target)
+    return made

@@ -48,7 +48,9 @@ class SourceSpec(_Strict):
     sample: Literal["customers", "documents", "reviews", "quotes"] | None = Field(
         default=None, description="Generate this built-in sample dataset at `path` on first use if it is missing."
     )
-    sample_rows: int = Field(default=2000, ge=1, description="Rows of sample data to generate in all.")
+    sample_rows: int = Field(
+        default=2000, ge=1, description="Rows of sample data to generate in all (daily partitioning: per day)."
+    )
     batch_rows: int = Field(default=4096, ge=1, description="Rows per record batch while streaming the source.")
 
 
@@ -186,6 +188,62 @@ class RuntimeSpec(_Strict):
         description="Keep every successful model answer under <storage root>/_cache, keyed by model, parameters and "
         "prepared input, and reuse it in any later run, partition or pipeline (batch_assets/cache.py).",
     )
+    pool: str | None = Field(
+        default=None,
+        description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
+        "per external endpoint ('endpoint:<host>'), 'gpu' when the step asks for a GPU, else none "
+        "(batch_assets/pools.py).",
+    )
+
+
+class BackfillSpec(_Strict):
+    policy: Literal["single_run", "multi_run"] = Field(
+        default="single_run",
+        description="single_run: a backfill (or --partition-range run) processes its whole range in one run, so the "
+        "model loads once; multi_run: one run per `max_partitions_per_run` partitions (smaller failure blast "
+        "radius, runs spread over the queue).",
+    )
+    max_partitions_per_run: int = Field(default=1, ge=1, description="multi_run: partitions per run.")
+
+
+class ScheduleSpec(_Strict):
+    """daily partitioning only: each tick materializes the newest complete day (see batch_assets/schedules.py)."""
+
+    cron: str = Field(default="30 1 * * *", description="When ticks fire, a cron string (default 01:30 daily).")
+    timezone: str | None = Field(default=None, description="Timezone of the cron (default: partitioning.timezone).")
+    running: bool = Field(default=True, description="Start running when the code location loads (else stopped "
+                          "until switched on in the UI or with `dagster schedule start`).")
+
+
+class SensorSpec(_Strict):
+    """Watch source.path ({partition} as the wildcard) for new or rewritten files (see batch_assets/sensors.py)."""
+
+    ready: Literal["min_age", "marker"] = Field(
+        default="min_age",
+        description="min_age: a file is complete once unmodified for min_age_seconds; marker: once a `marker` file "
+        "in its folder is at least as new as it (the _SUCCESS convention of Spark/Hadoop writers).",
+    )
+    min_age_seconds: float = Field(default=30.0, ge=0, description="min_age: seconds a file must be left unchanged.")
+    marker: str = Field(default="_SUCCESS", description="marker: the marker file's name, in the data file's folder.")
+    interval_seconds: int = Field(default=30, ge=1, description="Seconds between sensor evaluations.")
+    max_runs_per_tick: int = Field(
+        default=10, ge=1, description="Throttle: new partitions (one run each) requested per evaluation; the rest "
+        "wait for later ticks, oldest file first.",
+    )
+    max_queued_runs: int = Field(
+        default=50, ge=1, description="Back-pressure: request nothing while this many runs of the pipeline are "
+        "queued or starting.",
+    )
+    running: bool = Field(default=True, description="Start running when the code location loads.")
+
+
+class RetrySpec(_Strict):
+    """Step retries for transient failures (network, OOM-killed worker, provider 5xx); bad input is never retried."""
+
+    max_retries: int = Field(default=2, ge=0, description="Retries of a failed step (0: none).")
+    delay_seconds: float = Field(default=15.0, ge=0, description="Wait before the first retry.")
+    backoff: Literal["exponential", "linear"] = Field(default="exponential", description="How the wait grows.")
+    jitter: bool = Field(default=True, description="Randomise waits (+/-) so retries of many runs spread out.")
 
 
 class PipelineSpec(_Strict):
@@ -198,6 +256,10 @@ class PipelineSpec(_Strict):
     model: ModelSpec
     sink: SinkSpec = Field(default_factory=SinkSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    backfill: BackfillSpec = Field(default_factory=BackfillSpec)
+    schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning: a schedule (optional).")
+    sensor: SensorSpec | None = Field(default=None, description="A sensor on new source files (optional).")
+    retries: RetrySpec = Field(default_factory=RetrySpec)
 
     @model_validator(mode="after")
     def _cross_check(self) -> "PipelineSpec":
@@ -254,6 +316,8 @@ class PipelineSpec(_Strict):
         secret_literals = literal_secrets(self.model.config)
         if secret_literals:
             problems.append(("model.config", literal_secret_problem(secret_literals)))
+        problems += _orchestration_problems(self)
+
         if self.model.provider not in PROVIDERS:
             problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
         elif not supports(provider_class(self.model.provider), task.kind):
@@ -309,6 +373,31 @@ class PipelineSpec(_Strict):
         if sink.table is not None and not NAME_RE.match(sink.table):
             problems.append(("sink.table", f"{sink.table!r} must match {NAME_RE.pattern}"))
         return problems
+
+
+def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from dagster._utils.schedules import is_valid_cron_string
+
+    problems: list[tuple[str, str]] = []
+    part = spec.partitioning
+    if spec.schedule is not None:
+        if part.kind != "daily":
+            problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily partitioning"))
+        if not is_valid_cron_string(spec.schedule.cron):
+            problems.append(("schedule.cron", f"{spec.schedule.cron!r} is not a cron string like '30 1 * * *'"))
+        try:
+            ZoneInfo(spec.schedule.timezone or part.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(("schedule.timezone", f"unknown timezone {spec.schedule.timezone!r}"))
+    if spec.sensor is not None:
+        if part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
+            problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
+                             "source.path; this pipeline has no per-file partitions"))
+        if spec.sensor.ready == "marker" and "/" in spec.sensor.marker:
+            problems.append(("sensor.marker", "the marker is a file name in the data file's folder, not a path"))
+    return problems
 
 
 def parse_spec(data: dict[str, Any], origin: str = "<dict>") -> PipelineSpec:

@@ -1,0 +1,210 @@
+"""Sensors on new input: each new (or rewritten) source file becomes a partition and one run.
+
+The sensor lists `source.path` with `{partition}` as the wildcard (local folder or s3://, through fsspec) and maps
+each file to the partition key that `{partition}` matches, so the run reads exactly that file.
+
+- Exactly once per file version: the cursor maps each file to a digest of its version (S3 ETag or local mtime,
+  plus size). A file is requested when its digest differs from the cursor's, so a file rewritten in place is
+  processed once more, and the run key `<partition>@<digest>` makes Dagster drop a repeated request even if a
+  tick were evaluated twice. The daemon stores the cursor in the instance, so a restart repeats nothing.
+- Never half-written: `ready: min_age` waits until a file has been unchanged for `min_age_seconds`; `ready:
+  marker` waits for a `_SUCCESS` marker in the file's folder at least as new as the file. Names starting with
+  `.` or `_` (temporary and marker files) are never data.
+- Throttled: at most `max_runs_per_tick` new partitions per evaluation, oldest file first, and nothing while
+  `max_queued_runs` runs of the pipeline wait in the queue; files left over stay out of the cursor and come in
+  later ticks. A dump of 10,000 files therefore becomes a steady trickle of runs that the run queue
+  (`max_concurrent_runs`) drains. We keep one partition per file rather than batching files into partitions:
+  the partition is the unit of exactly-once, of reprocessing a rewritten file and of the UI's status, and a
+  partition made of several files would have to remember which ones, outside Dagster.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import dagster as dg
+
+from batch_assets.partitions import partitions_def_for
+from batch_assets.sample_data import ensure_sample
+from batch_assets.schedules import LAUNCHED_BY_TAG
+from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
+from batch_assets.storage import filesystem_for
+
+SOURCE_FILE_TAG = "batch/source_file"
+CURSOR_PREFIX = "z1:"
+WAITING_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    url: str
+    key: str
+    version: str  # digest of ETag / mtime and size: changes when the file is rewritten
+    modified: float  # seconds since the epoch
+
+
+def sensor_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}_new_files_sensor"
+
+
+def encode_cursor(seen: dict[str, str]) -> str:
+    """The cursor holds one entry per file: compressed, 10,000 files take a few hundred kB, not megabytes."""
+    raw = json.dumps(seen, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return CURSOR_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def decode_cursor(cursor: str | None) -> dict[str, str]:
+    if not cursor:
+        return {}
+    if not cursor.startswith(CURSOR_PREFIX):
+        raise ValueError(f"unrecognised sensor cursor (expected prefix {CURSOR_PREFIX!r}); reset it in the UI")
+    return json.loads(zlib.decompress(base64.b64decode(cursor[len(CURSOR_PREFIX):])))
+
+
+def _modified(info: dict[str, Any]) -> float:
+    for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def _version(info: dict[str, Any]) -> str:
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+    basis = f"{etag}|{info.get('size')}" if etag else f"{_modified(info)!r}|{info.get('size')}"
+    return hashlib.blake2b(basis.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def _key_pattern(path: str) -> re.Pattern[str]:
+    prefix, _, suffix = path.partition(PARTITION_TOKEN)
+    glob_part = lambda text: re.escape(text).replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")  # noqa: E731
+    return re.compile("^" + glob_part(prefix) + "(?P<key>[^/]+?)" + glob_part(suffix) + "$")
+
+
+def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
+    """Every data file under the source path with its partition key and version, oldest first."""
+    pattern = spec.source.path
+    fs, path = filesystem_for(pattern)
+    matcher = _key_pattern(path)
+    scheme = "s3://" if pattern.startswith("s3://") else ""
+    found = fs.glob(path.replace(PARTITION_TOKEN, "*"), detail=True)
+    files = []
+    for name, info in found.items():
+        if info.get("type") == "directory":
+            continue
+        basename = name.rstrip("/").rsplit("/", 1)[-1]
+        if basename.startswith((".", "_")):
+            continue  # temporary files of atomic writers, markers
+        match = matcher.match(name)
+        if match:
+            files.append(SourceFile(scheme + name, match["key"], _version(info), _modified(info)))
+    return sorted(files, key=lambda f: (f.modified, f.url))
+
+
+def ready_files(spec: PipelineSpec, files: Iterable[SourceFile], now: float) -> list[SourceFile]:
+    """The files a writer has finished: old enough, or covered by a newer `_SUCCESS` marker in their folder."""
+    cfg = spec.sensor
+    assert cfg is not None
+    if cfg.ready == "min_age":
+        return [f for f in files if now - f.modified >= cfg.min_age_seconds]
+    fs, _ = filesystem_for(spec.source.path)
+    markers: dict[str, float | None] = {}
+    ready = []
+    for f in files:
+        folder = f.url.rsplit("/", 1)[0]
+        if folder not in markers:
+            _, marker_path = filesystem_for(f"{folder}/{cfg.marker}")
+            try:
+                markers[folder] = _modified(fs.info(marker_path))
+            except FileNotFoundError:
+                markers[folder] = None
+        stamp = markers[folder]
+        if stamp is not None and stamp >= f.modified:
+            ready.append(f)
+    return ready
+
+
+def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    cfg = spec.sensor
+    assert cfg is not None
+    pdef = partitions_def_for(spec)
+    made = ensure_sample(spec)  # sample pipelines: the demo's files appear on the first tick of a fresh clone
+    if made:
+        context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
+    seen = decode_cursor(context.cursor)
+    listing = list_source_files(spec)
+    changed = [f for f in listing if seen.get(f.url) != f.version]
+    if not changed:
+        return dg.SkipReason(f"no new or rewritten files under {spec.source.path}")
+    ready = ready_files(spec, changed, time.time())
+    if not ready:
+        return dg.SkipReason(f"{len(changed)} new file(s) still being written (ready: {cfg.ready})")
+    waiting = context.instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=WAITING_STATUSES))
+    budget = min(cfg.max_runs_per_tick, cfg.max_queued_runs - waiting)
+    if budget <= 0:
+        return dg.SkipReason(f"{waiting} runs of {job_name} are waiting (max_queued_runs {cfg.max_queued_runs}); "
+                             f"{len(ready)} ready file(s) wait for a later tick")
+
+    by_key: dict[str, list[SourceFile]] = {}
+    for f in ready:  # oldest first, so a flood is worked through in arrival order
+        if f.key in by_key or len(by_key) < budget:
+            by_key.setdefault(f.key, []).append(f)
+    dynamic = isinstance(pdef, dg.DynamicPartitionsDefinition)
+    requests, new_keys, rejected = [], [], []
+    for key, key_files in by_key.items():
+        for f in key_files:
+            seen[f.url] = f.version
+        if not dynamic and not pdef.has_partition_key(key, dynamic_partitions_store=context.instance):
+            rejected.append(key)
+            continue
+        digest = hashlib.blake2b("|".join(f.version for f in key_files).encode(), digest_size=6).hexdigest()
+        requests.append(dg.RunRequest(
+            run_key=f"{key}@{digest}",
+            partition_key=key,
+            tags={LAUNCHED_BY_TAG: "sensor", SOURCE_FILE_TAG: key_files[-1].url[-200:]},
+        ))
+        new_keys.append(key)
+    if rejected:
+        context.log.warning(f"{len(rejected)} file(s) match no partition of {spec.name} and are skipped: "
+                            f"{', '.join(rejected[:5])}")
+    live = {f.url for f in listing}
+    seen = {url: version for url, version in seen.items() if url in live}  # deleted files leave the cursor
+    add = []
+    if dynamic and new_keys:
+        existing = set(context.instance.get_dynamic_partitions(pdef.name))
+        fresh = [k for k in new_keys if k not in existing]
+        add = [pdef.build_add_request(fresh)] if fresh else []
+    left = len(ready) - sum(len(v) for v in by_key.values())
+    if left:
+        context.log.info(f"Throttled: {len(requests)} run(s) requested, {left} ready file(s) wait for later ticks")
+    return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=add, cursor=encode_cursor(seen))
+
+
+def build_sensor(spec: PipelineSpec, job_name: str) -> dg.SensorDefinition | None:
+    if spec.sensor is None:
+        return None
+    cfg = spec.sensor
+
+    @dg.sensor(
+        name=sensor_name(spec),
+        job_name=job_name,
+        minimum_interval_seconds=cfg.interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING if cfg.running else dg.DefaultSensorStatus.STOPPED,
+        description=f"One run per new or rewritten file under {spec.source.path} (ready: {cfg.ready}; at most "
+        f"{cfg.max_runs_per_tick} per tick).",
+    )
+    def _new_files(context: dg.SensorEvaluationContext):
+        return evaluate(spec, job_name, context)
+
+    return _new_files

@@ -1,0 +1,153 @@
+"""A code location for the daemon's own tick logic in tests: schedules, sensors and backfills evaluated by the
+functions `dagster-daemon` runs, against a test instance, on pipelines written to a temporary folder."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFS_TEMPLATE = '''
+import dagster as dg
+
+from batch_assets.definitions import launch_definitions
+from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.spec import load_spec
+from batch_assets.storage import ArrowStorage
+
+specs = [load_spec(p) for p in {spec_paths!r}]
+defs = dg.Definitions.merge(
+    *[build_pipeline_definitions(s) for s in specs],
+    *[launch_definitions(s) for s in specs],
+    dg.Definitions(resources={{STORAGE_KEY: ArrowStorage(root={root!r})}}{executor}),
+)
+'''
+
+LOGGER = logging.getLogger("batch_assets.tests.daemon")
+
+
+def write_code_location(folder: Path, specs: list[dict[str, Any]], storage_root: Path,
+                        in_process_executor: bool = True) -> Path:
+    """A definitions file over `specs` (dicts as in a pipeline YAML). The in-process executor keeps tests fast;
+    the backfill/schedule/sensor logic under test does not depend on the executor."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for spec in specs:
+        path = folder / f"{spec['name']}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        paths.append(str(path))
+    defs_file = folder / f"defs_{folder.name}.py"
+    defs_file.write_text(DEFS_TEMPLATE.format(
+        spec_paths=paths, root=str(storage_root),
+        executor=", executor=dg.in_process_executor" if in_process_executor else ""))
+    return defs_file
+
+
+@contextmanager
+def daemon_workspace(instance, defs_file: Path) -> Iterator[Any]:
+    """A WorkspaceProcessContext over the definitions file, as the daemon holds one."""
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.test_utils import InProcessTestWorkspaceLoadTarget, create_test_daemon_workspace_context
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(python_file=str(defs_file), attribute="defs",
+                             working_directory=str(Path(__file__).resolve().parents[1])),
+        location_name="batch_assets_test",
+    )
+    with create_test_daemon_workspace_context(InProcessTestWorkspaceLoadTarget(origin), instance) as context:
+        yield context
+
+
+def run_backfill_daemon(context, max_iterations: int = 30) -> None:
+    """Run the backfill daemon's iteration until no backfill is in progress (runs execute synchronously when the
+    instance uses SyncInMemoryRunLauncher)."""
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._daemon.backfill import execute_backfill_iteration
+
+    instance = context.instance
+    for _ in range(max_iterations):
+        list(execute_backfill_iteration(context, LOGGER))
+        if not [b for b in instance.get_backfills() if b.status == BulkActionStatus.REQUESTED]:
+            return
+    raise AssertionError(f"backfills still in progress after {max_iterations} daemon iterations")
+
+
+# Runs launched by the daemon logic execute at once, in the test process (no queue, no run worker process).
+SYNC_LAUNCHER = {
+    "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
+                     "class": "SyncInMemoryRunLauncher"},
+    "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+}
+
+
+class CountingModel:
+    """A user model class (custom provider) that leaves a trace: one 'load' line per instantiation and one
+    'rows <ids>' line per batch, in a file, so tests see model loads and which rows were inferred across
+    processes. While the file `outage` exists it fails on rows whose text starts with 'POISON', like an
+    endpoint that is down for part of a range."""
+
+    def __init__(self, log: str, outage: str | None = None):
+        self.log, self.outage = Path(log), Path(outage) if outage else None
+        with self.log.open("a") as f:
+            f.write("load\n")
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        texts = batch["text"]
+        if self.outage is not None and self.outage.exists() and any(t.startswith("POISON") for t in texts):
+            raise ConnectionError("model endpoint unavailable (test outage)")
+        with self.log.open("a") as f:
+            f.write("rows " + " ".join(texts) + "\n")
+        return {"prediction": [len(t) for t in texts]}
+
+
+def model_trace(log: Path) -> tuple[int, list[str]]:
+    """(model loads, texts inferred) from a CountingModel log."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return sum(1 for line in lines if line == "load"), [t for line in lines if line.startswith("rows ")
+                                                         for t in line.split()[1:]]
+
+
+def daily_spec(data_dir: Path, log: Path, **sections: Any) -> dict[str, Any]:
+    """A daily-partitioned pipeline over <data_dir>/<YYYY-MM-DD>.jsonl with the CountingModel."""
+    spec: dict[str, Any] = {
+        "name": "daily_docs",
+        "source": {"format": "jsonl", "path": f"{data_dir}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "daily", "start_date": "2026-11-01"},
+        "prepare": {"id_column": "doc_id", "input_columns": ["text"]},
+        "task": {"kind": "predict"},
+        "model": {"provider": "custom", "config": {"class_path": "tests.daemon_helpers:CountingModel",
+                                                   "init_kwargs": {"log": str(log)}}},
+        "retries": {"max_retries": 0},
+    }
+    spec.update(sections)
+    return spec
+
+
+def write_day(data_dir: Path, day: str, rows: int = 3, poison: bool = False) -> None:
+    import json
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    texts = [f"{'POISON' if poison and i == 0 else 'doc'}-{day}-{i}" for i in range(rows)]
+    (data_dir / f"{day}.jsonl").write_text("".join(json.dumps({"doc_id": t, "text": t}) + "\n" for t in texts))
+
+
+class SlowModel(CountingModel):
+    """Records when each batch starts and ends ('span <start> <end>'), taking `seconds` per batch."""
+
+    def __init__(self, log: str, seconds: float = 1.0):
+        super().__init__(log)
+        self.seconds = seconds
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        import time
+
+        start = time.time()
+        time.sleep(self.seconds)
+        with self.log.open("a") as f:
+            f.write(f"span {start} {time.time()}\n")
+        return {"prediction": [len(t) for t in batch["text"]]}

@@ -1,0 +1,64 @@
+"""Pools: the infer step of every run against one external endpoint takes turns, so runs never add up past the
+endpoint's rate limit; the pool is named once (batch_assets/pools.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from batch_assets.pools import endpoint_pool, infer_pool
+from batch_assets.spec import parse_spec
+from tests.conftest import GENERATE_SPEC, make_spec, pipeline_definitions
+from tests.daemon_helpers import daily_spec, write_day
+
+DAYS = ["2026-11-01", "2026-11-02"]
+
+
+def test_endpoint_pools_are_named_per_endpoint(tmp_path: Path) -> None:
+    def pool_for(config: dict) -> str | None:
+        spec = make_spec(GENERATE_SPEC, tmp_path, model={"provider": "openai", "config": {"model": "m", **config}})
+        return infer_pool(spec)
+
+    assert pool_for({"base_url": "http://127.0.0.1:8080/v1"}) == "endpoint:127.0.0.1:8080"
+    assert pool_for({"base_url": {"env": "OPENAI_BASE_URL"}}) == "endpoint:$OPENAI_BASE_URL"  # never the value
+    assert pool_for({}) == "endpoint:api.openai.com"
+    assert endpoint_pool(make_spec(GENERATE_SPEC, tmp_path)) is None  # a local model holds no endpoint
+    assert infer_pool(make_spec(GENERATE_SPEC, tmp_path, runtime={"gpus": 1})) == "gpu"
+    assert infer_pool(make_spec(GENERATE_SPEC, tmp_path, runtime={"pool": "shared-api"})) == "shared-api"
+
+
+def _run_day(spec_raw: dict, store: str, instance_ref, day: str) -> None:
+    """One run in its own process, as two run workers of a deployment would be."""
+    instance = dg.DagsterInstance.from_ref(instance_ref)
+    job = pipeline_definitions(parse_spec(spec_raw), store).resolve_job_def("daily_docs_job")
+    assert job.execute_in_process(instance=instance, partition_key=day).success
+
+
+@pytest.mark.slow
+def test_two_runs_in_one_pool_take_turns_at_the_infer_step(tmp_path: Path) -> None:
+    import multiprocessing
+
+    data, log = tmp_path / "data", tmp_path / "model.log"
+    for day in DAYS:
+        write_day(data, day)
+    raw = daily_spec(data, log, runtime={"pool": "endpoint:test-api"})
+    raw["model"]["config"] = {"class_path": "tests.daemon_helpers:SlowModel",
+                              "init_kwargs": {"log": str(log), "seconds": 1.0}}
+    job = pipeline_definitions(parse_spec(raw), tmp_path / "store").resolve_job_def("daily_docs_job")
+    assert job.graph.node_named("daily_docs__inferred").definition.pool == "endpoint:test-api"
+    overrides = {"concurrency": {"pools": {"default_limit": 1, "granularity": "op"}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        spawn = multiprocessing.get_context("spawn")
+        workers = [spawn.Process(target=_run_day, args=(raw, str(tmp_path / "store"), instance.get_ref(), day))
+                   for day in DAYS]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=240)
+        assert [w.exitcode for w in workers] == [0, 0]
+    spans = sorted(tuple(map(float, line.split()[1:])) for line in log.read_text().splitlines()
+                   if line.startswith("span "))
+    assert len(spans) == 2
+    assert spans[0][1] <= spans[1][0], f"infer steps of the two runs overlapped: {spans}"
