@@ -87,6 +87,7 @@ def test_single_run_backfill_loads_the_model_once(tmp_path: Path) -> None:
     assert sorted(texts) == sorted(f"doc-{d}-{i}" for d in DAYS[:3] for i in range(3))
 
 
+@pytest.mark.slow
 def test_multi_run_backfill_makes_the_declared_runs(tmp_path: Path) -> None:
     """Five days with max_partitions_per_run 2: three runs (2 + 2 + 1), launched through the Python API."""
     from dagster._core.execution.backfill import PartitionBackfill
@@ -125,6 +126,7 @@ def test_multi_run_backfill_makes_the_declared_runs(tmp_path: Path) -> None:
     assert model_trace(log)[0] == 3  # one load per run
 
 
+@pytest.mark.slow
 def test_failed_single_run_backfill_keeps_finished_partitions_and_reexecution_does_the_rest(tmp_path: Path) -> None:
     data, log, outage = tmp_path / "data", tmp_path / "model.log", tmp_path / "outage"
     for day in DAYS:

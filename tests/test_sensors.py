@@ -124,6 +124,7 @@ def test_marker_readiness_waits_for_a_newer_success_file(tmp_path: Path) -> None
         assert [r.partition_key for r in ticker.tick().run_requests] == ["q1"]
 
 
+@pytest.mark.slow
 def test_ten_thousand_files_are_throttled(tmp_path: Path) -> None:
     folder = tmp_path / "flood"
     folder.mkdir()
@@ -152,6 +153,7 @@ def test_ten_thousand_files_are_throttled(tmp_path: Path) -> None:
         assert len(decode_cursor(ticker.cursor)) == 50  # nothing skipped for good: the rest waits
 
 
+@pytest.mark.slow
 def test_the_sensor_daemon_keeps_its_cursor_across_a_restart(tmp_path: Path) -> None:
     """The real sensor daemon iteration: runs launched once, nothing repeated by a restarted daemon (the cursor and
     run keys live in the instance), a rewritten file launched once more."""
