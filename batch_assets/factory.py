@@ -123,6 +123,8 @@ def run_partitions(
         except PipelineError as exc:
             _record_finished(context, reports, failed_key=key)
             located = exc.located(pipeline=spec.name, partition=key)
+            if getattr(exc, "retryable", False):  # a stage that knows its failure is transient says so
+                raise located from None
             raise dg.Failure(
                 description=str(located),
                 metadata={"pipeline": spec.name, "partition": key, "file": located.file or "",
