@@ -107,6 +107,7 @@ def run_partitions(
 
     Each partition's stage runs under the partition's lock (batch_assets.locks): two runs of one partition at once
     take turns instead of interleaving.
+
     Each partition's file is committed atomically as it finishes, so when partition k fails, 1..k-1 are complete:
     they are recorded as materialized (one AssetMaterialization each) before the step fails, and re-executing the
     backfill from failure (or backfilling missing partitions) only does what is left. Bad input (PipelineError) is
