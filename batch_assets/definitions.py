@@ -20,9 +20,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions, job_name
-from batch_assets.schedules import build_schedule
-from batch_assets.sensors import build_sensor
+from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import ArrowStorage
 
@@ -87,12 +86,6 @@ def broken_spec_asset(broken: BrokenSpec, name: str) -> dg.AssetsDefinition:
                         "location)")
 
     return _broken
-
-
-def launch_definitions(spec: PipelineSpec) -> dg.Definitions:
-    """The pipeline's automatic launch paths: a schedule and/or a sensor, when its spec declares them."""
-    schedule, sensor = build_schedule(spec, job_name(spec)), build_sensor(spec, job_name(spec))
-    return dg.Definitions(schedules=[schedule] if schedule else [], sensors=[sensor] if sensor else [])
 
 
 def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None,

@@ -15,6 +15,7 @@ from dagster.components import Scaffolder, ScaffoldRequest
 from pydantic import BaseModel
 
 from batch_assets.factory import build_pipeline_definitions
+from batch_assets.launch import launch_definitions
 from batch_assets.spec import NAME_RE, PipelineSpec
 
 
@@ -65,4 +66,4 @@ class BatchInferencePipeline(dg.Component):
         return cls(attributes)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_pipeline_definitions(self.spec)
+        return dg.Definitions.merge(build_pipeline_definitions(self.spec), launch_definitions(self.spec))
