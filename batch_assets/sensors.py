@@ -165,9 +165,12 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     for key, key_files in by_key.items():
         for f in key_files:
             seen[f.url] = f.version
-        if not dynamic and not pdef.has_partition_key(key, dynamic_partitions_store=context.instance):
-            rejected.append(key)
-            continue
+        if not dynamic:
+            with dg.partition_loading_context(dynamic_partitions_store=context.instance):
+                known = pdef.has_partition_key(key)
+            if not known:  # e.g. a file named for a day outside the daily partitions
+                rejected.append(key)
+                continue
         digest = hashlib.blake2b("|".join(f.version for f in key_files).encode(), digest_size=6).hexdigest()
         requests.append(dg.RunRequest(
             run_key=f"{key}@{digest}",

@@ -210,3 +210,18 @@ def test_sensor_spec_needs_per_file_partitions(tmp_path: Path) -> None:
     spec["partitioning"] = {"kind": "hash", "count": 4}
     with pytest.raises(SpecError, match="sensor"):
         parse_spec(spec)
+
+
+def test_daily_pipeline_sensor_requests_existing_days_only(tmp_path: Path) -> None:
+    """On daily (or static) partitioning the sensor adds no partitions: a file for a day is that day's run, and a
+    file named for no day of the pipeline is skipped with a warning (and not retried every tick)."""
+    spec = inbox_spec(str(tmp_path / "in"))
+    spec["partitioning"] = {"kind": "daily", "start_date": "2026-11-01"}
+    drop(tmp_path / "in", "2026-11-02")
+    drop(tmp_path / "in", "1999-01-01")
+    with dg.instance_for_test() as instance:
+        ticker = Ticker(instance, spec)
+        result = ticker.tick()
+        assert [r.partition_key for r in result.run_requests] == ["2026-11-02"]
+        assert not result.dynamic_partitions_requests
+        assert not ticker.tick().run_requests
