@@ -208,6 +208,7 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
         stats.add_rows(n)
 
     count = 0
+    failed = True
     try:
         for index, batch in enumerate(chunks):
             count = index + 1
@@ -226,12 +227,15 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
             finish(pending.popleft())
         while committing:
             committing.popleft().result()
+        failed = False
     finally:
         chunks.close()
         for item in pending:
             if item.call is not None:
                 item.call.cancel()
-        calls.shutdown(wait=True, cancel_futures=True)
+        # On failure (or an interrupt) do not wait for a call already running: the step is over. Commits queued
+        # before the failure still complete, so the rerun keeps every chunk that was finished.
+        calls.shutdown(wait=not failed, cancel_futures=True)
         writes.shutdown(wait=True)
     return count
 

@@ -64,9 +64,10 @@ def _infer_once(spec, storage) -> float:
     from batch_assets.infer import InferStats, run_infer
 
     provider = _infer_once.provider  # type: ignore[attr-defined]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     run_infer(spec, storage, "a", provider, InferStats())
     elapsed = time.perf_counter() - start
+    _infer_once.cpu = time.process_time() - cpu  # type: ignore[attr-defined]
     from batch_assets.storage import filesystem_for  # noqa: F401  (same checkout)
 
     staging = Path(storage.resolved_root()) / spec.name / "_staging"
@@ -86,16 +87,22 @@ def bench_embed(args) -> dict:
     _infer_once.provider = provider  # type: ignore[attr-defined]
     texts = [r["text"] for r in rows]
     provider.embed(texts[:256])  # warm-up
-    raw, infer = [], []
+    raw, infer, raw_cpu, infer_cpu = [], [], [], []
     for _ in range(args.repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         provider.embed(texts)
         raw.append(time.perf_counter() - start)
+        raw_cpu.append(time.process_time() - cpu)
         infer.append(_infer_once(spec, storage))
+        infer_cpu.append(_infer_once.cpu)  # type: ignore[attr-defined]
     r, i = statistics.median(raw), statistics.median(infer)
+    rc, ic = statistics.median(raw_cpu), statistics.median(infer_cpu)
     return {"variant": "embed", "repo": str(args.repo), "rows": args.rows, "chunk_rows": spec.runtime.chunk_rows,
             "raw_encode_s": round(r, 2), "infer_step_s": round(i, 2), "infer_over_raw_speed": round(r / i, 3),
-            "raw_runs": [round(x, 2) for x in raw], "infer_runs": [round(x, 2) for x in infer]}
+            "raw_runs": [round(x, 2) for x in raw], "infer_runs": [round(x, 2) for x in infer],
+            # CPU seconds of the whole process (all threads): less sensitive to other load than wall time
+            "raw_cpu_s": round(rc, 2), "infer_cpu_s": round(ic, 2), "infer_over_raw_cpu": round(rc / ic, 3),
+            "load_avg_1m": round(__import__("os").getloadavg()[0], 1)}
 
 
 def bench_api(args) -> dict:
@@ -118,12 +125,19 @@ def bench_api(args) -> dict:
         runs = [_infer_once(spec, storage) for _ in range(args.repeat)]
         provider.close()
         max_in_flight = proxy.max_in_flight
+        last = [a for a in proxy.attempts][-args.requests:]  # the last repetition's requests
+        span = max(a.finished for a in last) - min(a.arrived for a in last)
+        busy = sum(a.finished - a.arrived for a in last)
     seconds = statistics.median(runs)
     ideal = args.in_flight / args.latency
     return {"variant": "api", "repo": str(args.repo), "requests": args.requests, "latency_s": args.latency,
             "in_flight": args.in_flight, "chunk_rows": spec.runtime.chunk_rows, "req_per_s": round(args.requests / seconds, 1),
             "ideal_req_per_s": ideal, "of_ideal": round(args.requests / seconds / ideal, 3),
-            "max_in_flight_seen": max_in_flight, "runs_s": [round(x, 2) for x in runs]}
+            "max_in_flight_seen": max_in_flight, "runs_s": [round(x, 2) for x in runs],
+            # what the server saw: requests in flight on average between the first arrival and the last answer, and
+            # the latency it really gave (a loaded machine answers later than --latency)
+            "mean_in_flight_at_server": round(busy / span, 1), "mean_server_latency_s": round(busy / len(last), 3),
+            "server_span_s": round(span, 2)}
 
 
 def main() -> None:

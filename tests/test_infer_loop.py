@@ -130,7 +130,10 @@ def test_rerun_after_a_crash_computes_only_uncommitted_chunks(tmp_path: Path) ->
     assert sorted(manifest["chunks"]) == ["0", "1"]
 
     resumed, stats = StandIn(), InferStats()
+    reported: list[int] = []
+    stats.listeners.append(lambda s, n: reported.append(n))  # the progress hook: every row once, reused or not
     run_infer(spec, storage, "a", resumed, stats)
+    assert sum(reported) == 10 and stats.partition_rows_done == stats.partition_rows_total == 10
     assert resumed.calls == [docs_rows("a", 10)[8]["text"]]  # chunk 2 (rows 8-9) only
     assert (stats.chunks_reused, stats.chunks_computed, stats.rows_reused) == (2, 1, 8)
     resumed_table = pq.read_table(storage.stage_url("docs", "inferred", "a"))
