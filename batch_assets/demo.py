@@ -27,7 +27,7 @@ DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry",
 IN_PROCESS = json.dumps({"execution": {"config": {"in_process": {}}}})
 # Lines of dagster's run log worth showing live; the full log goes to a file.
 SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
-                   r"Loaded model|Generated sample|rows/s|ETA|accuracy", re.I)
+                   r"Loaded model|Generated sample|rows/s|\bETA\b|accuracy")
 EVENT = re.compile(r"^\S+ \S+ \S+ - dagster - \w+ - (?:\S+ - )?[0-9a-f-]{36} - (?:\d+ - )?(.*)$")
 
 
@@ -48,10 +48,12 @@ def _launch(name: str, keys: list[str], log_dir: Path, step: str) -> float:
           f"--config-json '{IN_PROCESS}'", flush=True)
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # lines as they happen
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
+            out.flush()
             if SHOWN.search(line):
                 match = EVENT.match(line.strip())
                 shown = match.group(1) if match else line.strip()
@@ -91,8 +93,8 @@ def _summary(name: str, elapsed: float) -> None:
              f"model {inferred.get('model')}", f"{inferred.get('rows_per_s')} rows/s in the infer step"]
     if "rows_with_errors" in inferred:
         parts.append(f"{inferred['rows_with_errors']} row errors")
-    if "estimated_cost_usd" in inferred:
-        parts.append(f"est. cost ${inferred['estimated_cost_usd']}")
+    if "cost_usd" in inferred:
+        parts.append(f"est. cost ${inferred['cost_usd']}")
     accuracy = _check_metadata(name).get("accuracy")
     if accuracy is not None:
         parts.append(f"accuracy {float(accuracy):.0%} on the labelled sample")
@@ -112,7 +114,7 @@ def _nearest_documents(sentence: str) -> None:
     table = lancedb.connect(ArrowStorage().default_sink("document_search")).open_table("document_search")
     query = model.encode(sentence, normalize_embeddings=True)
     print(f"\n==> Nearest documents to {sentence!r} (LanceDB table document_search, {table.count_rows()} rows):")
-    for hit in table.search(query).limit(3).select(["doc_id", "text"]).to_list():
+    for hit in table.search(query).limit(3).to_list():
         print(f"    {hit['_distance']:.3f}  {hit['doc_id']}  {hit['text'][:80]}")
 
 

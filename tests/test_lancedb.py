@@ -28,6 +28,7 @@ def _counts(db: Path) -> dict[str, int]:
     return {k: keys.count(k) for k in sorted(set(keys))}
 
 
+@pytest.mark.slow
 def test_rematerialize_replaces_rows_and_search_finds_the_document(tmp_path: Path) -> None:
     data, db = tmp_path / "data", tmp_path / "vectors"
     write_jsonl(data / "a.jsonl", docs_rows("a", 8))
@@ -87,6 +88,7 @@ def test_spec_requires_a_row_identifier_for_lancedb(tmp_path: Path) -> None:
         make_spec(EMBED_SPEC, tmp_path, sink={"format": "parquet", "table": "x"})
 
 
+@pytest.mark.slow
 def test_s3_database(tmp_path: Path, s3_bucket: str) -> None:
     """The production shape: the database on an S3 prefix (a real S3-protocol server on loopback)."""
     data = tmp_path / "data"
@@ -99,6 +101,7 @@ def test_s3_database(tmp_path: Path, s3_bucket: str) -> None:
     assert lance_sink.partition_rows(url) == 6
 
 
+@pytest.mark.slow
 def test_docs_query_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The query shown in docs/vector-search.md, run as written against a table this test builds."""
     data, db = tmp_path / "data", tmp_path / "vectors"
