@@ -100,8 +100,13 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     if components:  # pipelines declared as Dagster Components (batch_assets/defs/*/defs.yaml)
         try:
             per_pipeline.append(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))
-        except Exception as exc:  # same treatment as a broken spec file; `dg check defs` points at the line
-            broken.append(BrokenSpec(str(Path(__file__).parent / "defs"), f"the component pipelines did not load: {exc}"))
+        except Exception as exc:  # same treatment as a broken spec file: a failing asset and a warning
+            root = exc  # Dagster's message shows which defs.yaml failed; the innermost cause says why
+            while root.__cause__ or root.__context__:
+                root = root.__cause__ or root.__context__
+            why = f"\n{type(root).__name__}: {root}" if root is not exc else ""
+            broken.append(BrokenSpec(str(Path(__file__).parent / "defs"),
+                                     f"the component pipelines did not load: {exc}{why}"))
     for b in broken:
         message = f"pipeline spec {b.origin} was not loaded: {b.error}"
         log.warning(message)
