@@ -8,6 +8,9 @@ Each spec is loaded and built on its own: a broken spec (invalid YAML or fields,
 cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
 warning and as an asset `broken_pipelines/<file>` whose description holds the error and whose materialization fails
 with it, so the UI shows what is wrong and where instead of a code location that will not load.
+
+Set BATCH_EXECUTOR=k8s to run every step as a Kubernetes Job, infer steps sized per partition
+(batch_assets/k8s_executor.py, docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -115,7 +118,12 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     for b in broken:
         name = _asset_name(b.origin)
         names.append(name if name not in names else f"{name}_{len(names)}")
-    shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()},
+    executor = None
+    if os.environ.get("BATCH_EXECUTOR") == "k8s":
+        from batch_assets.k8s_executor import batch_k8s_executor
+
+        executor = batch_k8s_executor(specs)
+    shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
     return dg.Definitions.merge(shared, *per_pipeline)
 

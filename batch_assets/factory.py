@@ -26,6 +26,7 @@ from batch_assets.partitions import partitions_def_for
 from batch_assets.pools import infer_pool
 from batch_assets.prepare import run_prepare
 from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
+from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.sample_data import ensure_sample
 from batch_assets.secrets import resource_config
 from batch_assets.sink import run_write
@@ -213,13 +214,6 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         return dg.MaterializeResult(metadata=summary_metadata(
             reports, {"empty_inputs": dg.MetadataValue.int(sum(r.extra["empty_inputs"] for r in reports))}))
 
-    gpu_tags = (
-        {"dagster-k8s/config": {"container_config": {"resources": {
-            "requests": {"nvidia.com/gpu": str(spec.runtime.gpus)},
-            "limits": {"nvidia.com/gpu": str(spec.runtime.gpus)}}}}}
-        if spec.runtime.gpus else None
-    )
-
     inferred_key = dg.AssetKey([spec.name, "inferred"])
 
     @_stage_asset(spec, "inferred", pdef,
@@ -232,7 +226,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   check_specs=[dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
                                                  description="Every row got a model output (warns otherwise)."),
                                *blocking_check_specs(spec, inferred_key)],
-                  op_tags=gpu_tags, pool=infer_pool(spec))
+                  op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)

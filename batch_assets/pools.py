@@ -12,7 +12,8 @@ one slot for its whole duration.
   live, and need no extra service; the cost is that a step waits for the slot instead of sharing the rate.
   An endpoint read from the environment ({env: NAME}) is not known at definition load, so its pool is named
   after the variable: every pipeline reading OPENAI_BASE_URL shares `endpoint:$OPENAI_BASE_URL`.
-- GPU steps (issue 6): the `gpu` pool.
+- GPU steps: the `gpu` pool, for every pipeline where any partition asks for a GPU (runtime.resources). A slot is
+  one step whatever its GPU count; docs/deployment.md says how to size the pool to the GPU node pool.
 """
 
 from __future__ import annotations
@@ -46,6 +47,6 @@ def infer_pool(spec: PipelineSpec) -> str | None:
     pool = endpoint_pool(spec)
     if pool:
         return pool
-    if spec.runtime.gpus > 0:
+    if spec.runtime.max_gpus() > 0:
         return GPU_POOL
     return None

@@ -167,6 +167,72 @@ class SinkSpec(_Strict):
     table: str | None = Field(default=None, description="lancedb: the table name (default: the pipeline name).")
 
 
+class Toleration(_Strict):
+    """A Kubernetes toleration (core/v1 Toleration), e.g. for the taint a GPU node pool carries."""
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+
+def _check_quantity(value: str | None, field: str) -> str | None:
+    if value is None:
+        return None
+    from batch_assets.resource_policy import parse_quantity
+
+    parse_quantity(value, field)
+    return value
+
+
+class InferResources(_Strict):
+    """What one infer step's pod asks for. Unset fields fall back to the policy's default."""
+
+    gpus: int | None = Field(default=None, ge=0, description="nvidia.com/gpu request and limit (and model parallelism).")
+    cpu: str | None = Field(default=None, description="CPU request, a Kubernetes quantity: '4', '500m'.")
+    memory: str | None = Field(default=None, description="Memory request and limit, a Kubernetes quantity: '16Gi'.")
+    node_selector: dict[str, str] | None = Field(default=None, description="Node labels the pod must land on.")
+    tolerations: list[Toleration] | None = Field(default=None, description="Taints the pod tolerates.")
+
+    @model_validator(mode="after")
+    def _quantities(self) -> "InferResources":
+        _check_quantity(self.cpu, "cpu")
+        _check_quantity(self.memory, "memory")
+        return self
+
+
+class SizeRule(InferResources):
+    """Partitions at least this large get these resources (size from source metadata, read without the rows)."""
+
+    min_rows: int | None = Field(default=None, ge=0, description="Rows, from Parquet footers (parquet sources).")
+    min_bytes: int | str | None = Field(
+        default=None, description="Bytes of the partition's source files: an int or a quantity like '2Gi', '500M'."
+    )
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> "SizeRule":
+        if (self.min_rows is None) == (self.min_bytes is None):
+            raise ValueError("a size rule needs exactly one of min_rows or min_bytes")
+        if isinstance(self.min_bytes, str):
+            _check_quantity(self.min_bytes, "min_bytes")
+        return self
+
+
+class InferResourcePolicy(_Strict):
+    default: InferResources = Field(default_factory=InferResources, description="Every partition's resources.")
+    partitions: dict[str, InferResources] = Field(
+        default_factory=dict,
+        description="Overrides by partition key or glob pattern ('2025-01-*'); an exact key wins over patterns, "
+        "else the first matching pattern in the order written. Applied after by_size.",
+    )
+    by_size: list[SizeRule] = Field(
+        default_factory=list,
+        description="Overrides by partition size; every rule whose threshold the partition reaches applies, in "
+        "the order written (list them small to large).",
+    )
+
+
 class RuntimeSpec(_Strict):
     chunk_rows: int = Field(
         default=512,
@@ -174,7 +240,9 @@ class RuntimeSpec(_Strict):
         description="Rows handed to the model per call. Hundreds per call let providers sort by length and batch; "
         "memory stays bounded by this, not by the partition size.",
     )
-    gpus: int = Field(default=0, ge=0, description="GPUs each infer step asks for (Kubernetes executor).")
+    gpus: int = Field(
+        default=0, ge=0, description="Shorthand for resources.default.gpus: GPUs each infer step asks for."
+    )
     max_error_fraction: float = Field(
         default=0.01,
         ge=0.0,
@@ -188,12 +256,38 @@ class RuntimeSpec(_Strict):
         description="Keep every successful model answer under <storage root>/_cache, keyed by model, parameters and "
         "prepared input, and reuse it in any later run, partition or pipeline (batch_assets/cache.py).",
     )
+    resources: InferResourcePolicy = Field(
+        default_factory=lambda: InferResourcePolicy(),
+        description="What the infer step's Kubernetes Job asks for, per partition (see docs/deployment.md). Only "
+        "the batch Kubernetes executor applies it; read / prepare / write steps never ask for a GPU.",
+    )
+
     pool: str | None = Field(
         default=None,
         description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
-        "per external endpoint ('endpoint:<host>'), 'gpu' when the step asks for a GPU, else none "
+        "per external endpoint ('endpoint:<host>'), 'gpu' when any partition asks for a GPU, else none "
         "(batch_assets/pools.py).",
     )
+
+    @model_validator(mode="after")
+    def _one_default_gpu_count(self) -> "RuntimeSpec":
+        default = self.resources.default
+        if self.gpus and default.gpus is not None and default.gpus != self.gpus:
+            raise ValueError(
+                f"runtime.gpus ({self.gpus}) and runtime.resources.default.gpus ({default.gpus}) disagree: set one"
+            )
+        return self
+
+    def default_resources(self) -> InferResources:
+        """The policy's default with `runtime.gpus` filled in."""
+        default = self.resources.default
+        return default if default.gpus is not None else default.model_copy(update={"gpus": self.gpus})
+
+    def max_gpus(self) -> int:
+        """The most GPUs any partition can ask for (0: a CPU pipeline)."""
+        overrides = [*self.resources.partitions.values(), *self.resources.by_size]
+        return max([self.default_resources().gpus or 0] + [o.gpus or 0 for o in overrides])
+
 
 
 class BackfillSpec(_Strict):
@@ -318,6 +412,12 @@ class PipelineSpec(_Strict):
             problems.append(("model.config", literal_secret_problem(secret_literals)))
         problems += _orchestration_problems(self)
 
+        if self.source.format != "parquet" and any(r.min_rows is not None for r in self.runtime.resources.by_size):
+            problems.append(("runtime.resources.by_size", "min_rows is read from Parquet footers: for a "
+                             f"{self.source.format} source use min_bytes"))
+        if part.kind == "daily" and part.time_column and self.runtime.resources.by_size:
+            problems.append(("runtime.resources.by_size", "a day filtered from a time column has no size of its "
+                             "own in the source metadata: use partitions overrides instead"))
         if self.model.provider not in PROVIDERS:
             problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
         elif not supports(provider_class(self.model.provider), task.kind):

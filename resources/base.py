@@ -21,14 +21,35 @@ from resources.errors import ModelLoadError
 LOAD_COUNTS: Counter[str] = Counter()
 
 
+# The batch Kubernetes executor sets this on the infer container to the GPUs the step's pod was given
+# (batch_assets/resource_policy.py); unset outside Kubernetes.
+INFER_GPUS_ENV = "BATCH_INFER_GPUS"
+
+
+def granted_gpus() -> int | None:
+    """GPUs the executor gave this step, or None when no executor said (local runs)."""
+    value = os.environ.get(INFER_GPUS_ENV, "").strip()
+    return int(value) if value else None
+
+
 def resolve_device(device: str) -> str:
-    """'auto' picks CUDA when this process can see a GPU, else Apple MPS, else CPU."""
+    """'auto' follows the step's GPU grant (BATCH_INFER_GPUS: 0 -> CPU), else picks CUDA when this process can
+    see a GPU, else Apple MPS, else CPU. An explicit device is used as given."""
     if device != "auto":
         return device
+    granted = granted_gpus()
+    if granted == 0:
+        return "cpu"
     import torch
 
     if torch.cuda.is_available():
         return "cuda"
+    if granted:
+        raise ModelLoadError(
+            f"this step was given {granted} GPU(s) ({INFER_GPUS_ENV}={granted}) but torch sees no CUDA device: "
+            "run the CUDA user-code image (k8s/Dockerfile) on a node with the NVIDIA device plugin, or set the "
+            "partition's gpus to 0 in runtime.resources"
+        )
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return "mps"
     return "cpu"

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PrivateAttr
 
-from resources.base import ModelResource
+from resources.base import ModelResource, granted_gpus
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput
 from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
@@ -49,6 +49,11 @@ def visible_gpu_count() -> int:
         return len([d for d in visible.split(",") if d.strip()]) if visible else 0
 
 
+def default_tensor_parallel_size() -> int:
+    """The step's GPU grant from the batch Kubernetes executor (BATCH_INFER_GPUS), else every visible GPU."""
+    return granted_gpus() or max(1, visible_gpu_count())
+
+
 class VLLMEngineProvider(ModelResource):
     """Offline batch inference with vLLM's `LLM` engine on the GPUs of this process (one step, one pod)."""
 
@@ -59,7 +64,8 @@ class VLLMEngineProvider(ModelResource):
     tensor_parallel_size: int | None = Field(
         default=None,
         ge=1,
-        description="GPUs to shard the model over. Default: every GPU visible to the process (the pod's GPU limit).",
+        description="GPUs to shard the model over. Default: the GPUs the executor gave the step (BATCH_INFER_GPUS, "
+        "set per partition by runtime.resources), else every GPU visible to the process.",
     )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM may take (weights + KV cache)."
@@ -120,7 +126,7 @@ class VLLMEngineProvider(ModelResource):
         args: dict[str, Any] = {
             "model": self.model,
             "runner": self.runner,
-            "tensor_parallel_size": self.tensor_parallel_size or max(1, visible_gpu_count()),
+            "tensor_parallel_size": self.tensor_parallel_size or default_tensor_parallel_size(),
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "dtype": self.dtype,

@@ -1,0 +1,179 @@
+"""Per-partition resources of the infer step: spec policy + partition keys -> what the step's pod asks for.
+
+Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/k8s_executor.py` calls
+`resources_for_keys` for each infer step it launches and merges the result into that step's Kubernetes Job.
+
+One partition's resources: the policy default, then every `by_size` rule the partition reaches (sizes read from the
+source's metadata only: file sizes, Parquet footers), then the `partitions` override matching its key.
+A run over several partitions (a single-run backfill) asks for the largest need: the neediest partition's profile
+(most GPUs, then CPU, then memory: its node selector and tolerations) with CPU and memory raised to the largest
+asked by any partition of the run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import cached_property
+from typing import Any
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PARTITION_TOKEN, InferResources, PipelineSpec, Toleration
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Set on the infer container; providers read it at load (resources/base.py: device; vLLM: tensor_parallel_size).
+from resources.base import INFER_GPUS_ENV  # noqa: E402  (one name for the executor and the providers)
+# Op tags the factory puts on each infer asset: which pipeline's policy sizes the step (k8s_executor.py reads them).
+PIPELINE_TAG = "batch_assets/pipeline"
+STAGE_TAG = "batch_assets/stage"
+INFER_STAGE = "inferred"
+
+
+def parse_quantity(value: str | int, field_name: str) -> Decimal:
+    """A Kubernetes quantity ('500m', '16Gi', '2') as a number, with the kubernetes client's own parser."""
+    from kubernetes.utils.quantity import parse_quantity as k8s_parse
+
+    try:
+        return k8s_parse(value)
+    except ValueError:
+        raise ValueError(
+            f"{field_name} {value!r} is not a Kubernetes quantity (examples: '4', '500m', '16Gi', '2G')"
+        ) from None
+
+
+@dataclass(frozen=True)
+class StepResources:
+    """Resolved resources of one infer step."""
+
+    gpus: int = 0
+    cpu: str | None = None
+    memory: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    partitions: tuple[str, ...] = ()  # the partition keys this was resolved for (for the run log)
+
+    def need(self) -> tuple[int, Decimal, Decimal]:
+        zero = Decimal(0)
+        return (
+            self.gpus,
+            parse_quantity(self.cpu, "cpu") if self.cpu else zero,
+            parse_quantity(self.memory, "memory") if self.memory else zero,
+        )
+
+    def k8s_config(self) -> dict[str, Any]:
+        """A `dagster-k8s/config`-shaped dict (UserDefinedDagsterK8sConfig) for the infer step's Job.
+
+        GPUs: request = limit (extended resources must be equal). Memory: request = limit, so a partition that
+        outgrows its estimate fails with OOMKilled instead of starving its neighbours. CPU: request only, since a
+        CPU limit throttles tokenisation and data loading on nodes with idle cores.
+        """
+        requests: dict[str, str] = {}
+        limits: dict[str, str] = {}
+        if self.gpus:
+            requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(self.gpus)
+        if self.cpu:
+            requests["cpu"] = self.cpu
+        if self.memory:
+            requests["memory"] = limits["memory"] = self.memory
+        container: dict[str, Any] = {"env": [{"name": INFER_GPUS_ENV, "value": str(self.gpus)}]}
+        if requests or limits:
+            container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+        pod: dict[str, Any] = {}
+        if self.node_selector:
+            pod["node_selector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod["tolerations"] = [t.model_dump(exclude_none=True) for t in self.tolerations]
+        return {"container_config": container, "pod_spec_config": pod}
+
+
+def _overlay(base: InferResources, over: InferResources) -> InferResources:
+    set_fields = {k: getattr(over, k) for k in InferResources.model_fields if getattr(over, k) is not None}
+    return base.model_copy(update=set_fields)
+
+
+class PartitionSizes:
+    """Sizes of partitions from source metadata (no row is read), computed on demand and cached."""
+
+    def __init__(self, spec: PipelineSpec):
+        self.spec = spec
+
+    @cached_property
+    def _shard_divisor(self) -> int:
+        # hash shards split every source row: each is about 1/count of the total
+        return (self.spec.partitioning.count or 1) if self.spec.partitioning.kind == "hash" else 1
+
+    def _files(self, key: str) -> list[str]:
+        from batch_assets.partitions import resolve_partition
+
+        return resolve_partition(self.spec, key).files
+
+    def bytes(self, key: str) -> int:
+        from batch_assets.storage import filesystem_for
+
+        total = 0
+        for url in self._files(key):
+            fs, path = filesystem_for(url)
+            total += int(fs.size(path))
+        return total // self._shard_divisor
+
+    def rows(self, key: str) -> int:
+        from batch_assets.storage import parquet_rows
+
+        return sum(parquet_rows(url) for url in self._files(key)) // self._shard_divisor
+
+
+def resources_for_key(spec: PipelineSpec, key: str, sizes: PartitionSizes | None = None) -> InferResources:
+    policy = spec.runtime.resources
+    resolved = spec.runtime.default_resources()
+    if policy.by_size:
+        sizes = sizes or PartitionSizes(spec)
+        try:
+            for rule in policy.by_size:
+                if rule.min_rows is not None:
+                    reached = sizes.rows(key) >= rule.min_rows
+                else:
+                    reached = sizes.bytes(key) >= parse_quantity(rule.min_bytes, "min_bytes")  # type: ignore[arg-type]
+                if reached:
+                    resolved = _overlay(resolved, rule)
+        except PipelineError as exc:
+            raise exc.located(pipeline=spec.name, partition=key) from None
+        except OSError as exc:
+            raise PipelineError(
+                f"could not size the partition for runtime.resources.by_size: {exc}",
+                pipeline=spec.name, partition=key, file=spec.source.path.replace(PARTITION_TOKEN, key),
+                fix="check the source files are readable by the run worker, or use partitions overrides",
+            ) from exc
+    override = policy.partitions.get(key)
+    if override is None:
+        override = next((o for pat, o in policy.partitions.items() if fnmatch.fnmatchcase(key, pat)), None)
+    if override is not None:
+        resolved = _overlay(resolved, override)
+    return resolved
+
+
+def _to_step(res: InferResources, keys: tuple[str, ...]) -> StepResources:
+    return StepResources(
+        gpus=res.gpus or 0, cpu=res.cpu, memory=res.memory, node_selector=dict(res.node_selector or {}),
+        tolerations=tuple(res.tolerations or ()), partitions=keys,
+    )
+
+
+def resources_for_keys(spec: PipelineSpec, keys: Sequence[str]) -> StepResources:
+    """The infer step's resources for a run over `keys` (one key, or a range: the largest need)."""
+    if not keys:
+        return _to_step(spec.runtime.default_resources(), ())
+    sizes = PartitionSizes(spec)
+    per_key = [_to_step(resources_for_key(spec, k, sizes), (k,)) for k in keys]
+    neediest = max(per_key, key=StepResources.need)
+    cpu = max((r for r in per_key if r.cpu), key=lambda r: r.need()[1], default=None)
+    memory = max((r for r in per_key if r.memory), key=lambda r: r.need()[2], default=None)
+    return StepResources(
+        gpus=neediest.gpus,
+        cpu=cpu.cpu if cpu else None,
+        memory=memory.memory if memory else None,
+        node_selector=neediest.node_selector,
+        tolerations=neediest.tolerations,
+        partitions=tuple(keys),
+    )

@@ -1,0 +1,47 @@
+"""The batch executor is selected by configuration, keeps k8s_job_executor's run config, and finds the infer steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from tests.conftest import EMBED_SPEC, make_spec
+
+
+def test_selected_by_batch_executor_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.definitions import build_definitions
+
+    spec = make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 1})
+    monkeypatch.delenv("BATCH_EXECUTOR", raising=False)
+    assert build_definitions([spec]).resolve_job_def("docs_job").executor_def.name != "batch_k8s"
+    monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    job = build_definitions([spec]).resolve_job_def("docs_job")
+    assert job.executor_def.name == "batch_k8s"
+
+
+def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
+    from dagster_k8s import k8s_job_executor
+
+    from batch_assets.k8s_executor import batch_k8s_executor
+
+    ours = batch_k8s_executor([make_spec(EMBED_SPEC, tmp_path)]).config_schema.config_type.fields
+    upstream = k8s_job_executor.config_schema.config_type.fields
+    assert set(ours) == set(upstream)
+
+
+def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
+    from batch_assets.factory import build_pipeline_assets
+    from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+
+    assets = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 2}))}
+    infer = assets["inferred"]
+    assert infer.op.tags[PIPELINE_TAG] == "docs" and infer.op.tags[STAGE_TAG] == INFER_STAGE
+    assert infer.op.pool == "gpu"
+    for stage in ("raw", "prepared", "output"):
+        assert STAGE_TAG not in assets[stage].op.tags and assets[stage].op.pool is None
+        assert "dagster-k8s/config" not in assets[stage].op.tags
+    assert "dagster-k8s/config" not in infer.op.tags  # the executor sizes it, per partition
+    cpu_only = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path))}
+    assert cpu_only["inferred"].op.pool is None

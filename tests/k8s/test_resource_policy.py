@@ -1,0 +1,153 @@
+"""The infer step's resource policy: spec -> per-partition resources -> the step's Kubernetes config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batch_assets.pools import infer_pool
+from batch_assets.resource_policy import resources_for_key, resources_for_keys
+from batch_assets.spec import SpecError
+from resources.base import INFER_GPUS_ENV, resolve_device
+from resources.errors import ModelLoadError
+from tests.conftest import EMBED_SPEC, docs_rows, make_spec, write_jsonl
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def policy_spec(tmp_path: Path, **runtime):
+    return make_spec(EMBED_SPEC, tmp_path, partitioning={"kind": "static", "keys": ["a", "b", "big-1", "c"]},
+                     runtime=runtime)
+
+
+def test_default_explicit_key_and_pattern(tmp_path: Path) -> None:
+    spec = policy_spec(tmp_path, gpus=1, resources={
+        "default": {"cpu": "2", "memory": "4Gi", "node_selector": {"pool": "gpu-small"}, "tolerations": [GPU_TAINT]},
+        "partitions": {"big-*": {"gpus": 4, "memory": "64Gi", "node_selector": {"pool": "gpu-large"}},
+                       "c": {"gpus": 0, "node_selector": {"pool": "cpu"}}, "*": {"cpu": "3"}},
+    })
+    a = resources_for_key(spec, "a")
+    assert (a.gpus, a.cpu, a.memory, a.node_selector) == (1, "3", "4Gi", {"pool": "gpu-small"})
+    big = resources_for_key(spec, "big-1")  # the first matching pattern wins; fields it leaves unset stay default
+    assert (big.gpus, big.cpu, big.memory, big.node_selector) == (4, "2", "64Gi", {"pool": "gpu-large"})
+    assert big.tolerations[0].key == "nvidia.com/gpu"
+    c = resources_for_key(spec, "c")  # an exact key wins over every pattern, "*" included
+    assert (c.gpus, c.cpu) == (0, "2")
+
+
+def test_range_takes_the_largest_need(tmp_path: Path) -> None:
+    spec = policy_spec(tmp_path, resources={
+        "default": {"gpus": 1, "cpu": "8", "memory": "4Gi", "node_selector": {"pool": "small"}},
+        "partitions": {"b": {"gpus": 2, "cpu": "1", "memory": "2Gi", "node_selector": {"pool": "large"},
+                             "tolerations": [GPU_TAINT]}},
+    })
+    step = resources_for_keys(spec, ["a", "b"])
+    # b's profile (most GPUs: node selector, tolerations), CPU/memory raised to the most any partition asks
+    assert (step.gpus, step.cpu, step.memory, step.node_selector) == (2, "8", "4Gi", {"pool": "large"})
+    config = step.k8s_config()
+    assert config["container_config"]["resources"] == {
+        "requests": {"nvidia.com/gpu": "2", "cpu": "8", "memory": "4Gi"},
+        "limits": {"nvidia.com/gpu": "2", "memory": "4Gi"},
+    }
+    assert config["container_config"]["env"] == [{"name": INFER_GPUS_ENV, "value": "2"}]
+    assert config["pod_spec_config"] == {"node_selector": {"pool": "large"}, "tolerations": [GPU_TAINT]}
+
+
+def test_size_rules_read_file_sizes_and_parquet_footers(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", docs_rows("a", 2))
+    write_jsonl(tmp_path / "b.jsonl", docs_rows("b", 40))
+    small, large = (tmp_path / "a.jsonl").stat().st_size, (tmp_path / "b.jsonl").stat().st_size
+    spec = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {
+        "default": {"gpus": 1}, "by_size": [{"min_bytes": (small + large) // 2, "gpus": 2, "memory": "8Gi"}]}})
+    assert resources_for_key(spec, "a").gpus == 1
+    assert (resources_for_key(spec, "b").gpus, resources_for_key(spec, "b").memory) == (2, "8Gi")
+
+    pq.write_table(pa.table({"doc_id": ["x"] * 3, "text": ["t"] * 3}), tmp_path / "p.parquet")
+    pq.write_table(pa.table({"doc_id": ["y"] * 30, "text": ["t"] * 30}), tmp_path / "q.parquet")
+    pspec = make_spec(EMBED_SPEC, tmp_path, source={"format": "parquet", "path": f"{tmp_path}/{{partition}}.parquet"},
+                      partitioning={"kind": "static", "keys": ["p", "q"]},
+                      runtime={"resources": {"by_size": [{"min_rows": 10, "gpus": 1}, {"min_rows": 25, "gpus": 3}]}})
+    assert [resources_for_key(pspec, k).gpus for k in ("p", "q")] == [0, 3]
+
+
+def test_missing_source_file_is_a_located_error(tmp_path: Path) -> None:
+    spec = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {"by_size": [{"min_bytes": "1Mi", "gpus": 2}]}})
+    with pytest.raises(Exception) as err:
+        resources_for_keys(spec, ["a"])
+    assert "docs" in str(err.value) and "a" in str(err.value) and "does not exist" in str(err.value)
+
+
+@pytest.mark.parametrize("runtime, message", [
+    ({"resources": {"default": {"memory": "lots"}}}, "not a Kubernetes quantity"),
+    ({"resources": {"by_size": [{"gpus": 2}]}}, "exactly one of min_rows or min_bytes"),
+    ({"resources": {"by_size": [{"min_rows": 5, "gpus": 2}]}}, "min_rows is read from Parquet footers"),
+    ({"gpus": 1, "resources": {"default": {"gpus": 2}}}, "disagree"),
+])
+def test_invalid_policies_are_spec_errors(tmp_path: Path, runtime, message) -> None:
+    with pytest.raises(SpecError, match=message):
+        make_spec(EMBED_SPEC, tmp_path, runtime=runtime)
+
+
+def test_gpu_pipelines_share_the_gpu_pool(tmp_path: Path) -> None:
+    assert infer_pool(make_spec(EMBED_SPEC, tmp_path)) is None
+    assert infer_pool(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 1})) == "gpu"
+    override_only = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {"partitions": {"b": {"gpus": 1}}}})
+    assert infer_pool(override_only) == "gpu"
+    assert infer_pool(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 1, "pool": "a100"})) == "a100"
+
+
+def test_auto_device_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INFER_GPUS_ENV, "0")
+    assert resolve_device("auto") == "cpu"
+    monkeypatch.setenv(INFER_GPUS_ENV, "2")
+    assert resolve_device("cpu") == "cpu"  # an explicit device is used as given
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="given 2 GPU"):
+            resolve_device("auto")
+
+
+def test_vllm_tensor_parallel_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resources.vllm_engine.provider import VLLMEngineProvider
+
+    monkeypatch.setenv(INFER_GPUS_ENV, "4")
+    assert VLLMEngineProvider(model="m").engine_args()["tensor_parallel_size"] == 4
+    assert VLLMEngineProvider(model="m", tensor_parallel_size=2).engine_args()["tensor_parallel_size"] == 2
+
+
+def test_run_partition_keys_from_tags(tmp_path: Path) -> None:
+    import dagster as dg
+
+    from batch_assets.k8s_executor import run_partition_keys
+
+    spec = policy_spec(tmp_path)
+    with dg.instance_for_test() as instance:
+        assert run_partition_keys(spec, {"dagster/partition": "b"}, instance) == ["b"]
+        range_tags = {"dagster/asset_partition_range_start": "b", "dagster/asset_partition_range_end": "c"}
+        assert run_partition_keys(spec, range_tags, instance) == ["b", "big-1", "c"]
+        assert run_partition_keys(spec, {}, instance) == []
+        dynamic = make_spec(EMBED_SPEC, tmp_path, partitioning={"kind": "dynamic", "keys": None})
+        instance.add_dynamic_partitions("docs", ["x", "y", "z"])
+        tags = {"dagster/asset_partition_range_start": "x", "dagster/asset_partition_range_end": "y"}
+        assert run_partition_keys(dynamic, tags, instance) == ["x", "y"]
+
+
+def test_gpu_steps_default_to_the_deployments_gpu_node_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.k8s_executor import with_gpu_node_pool
+
+    monkeypatch.setenv("BATCH_GPU_NODE_SELECTOR", '{"cloud.google.com/gke-accelerator": "nvidia-l4"}')
+    monkeypatch.setenv("BATCH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
+    spec = policy_spec(tmp_path, resources={"default": {"gpus": 1},
+                                            "partitions": {"b": {"node_selector": {"pool": "own"}}, "c": {"gpus": 0}}})
+    a = with_gpu_node_pool(resources_for_keys(spec, ["a"])).k8s_config()["pod_spec_config"]
+    assert a == {"node_selector": {"cloud.google.com/gke-accelerator": "nvidia-l4"}, "tolerations": [GPU_TAINT]}
+    b = with_gpu_node_pool(resources_for_keys(spec, ["b"])).k8s_config()["pod_spec_config"]
+    assert b["node_selector"] == {"pool": "own"}  # the spec's own choice wins
+    assert with_gpu_node_pool(resources_for_keys(spec, ["c"])).k8s_config()["pod_spec_config"] == {}  # CPU step
+    monkeypatch.setenv("BATCH_GPU_TOLERATIONS", '{"key": "x"}')
+    with pytest.raises(ValueError, match="BATCH_GPU_TOLERATIONS must be a JSON list"):
+        with_gpu_node_pool(resources_for_keys(spec, ["a"]))
