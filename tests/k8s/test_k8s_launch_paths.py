@@ -225,6 +225,10 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
                     run_id, of_type={DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS})
                     if e.step_key and e.step_key.endswith("__inferred")}
                 spans.append((times[DagsterEventType.STEP_START], times[DagsterEventType.STEP_SUCCESS]))
+            # the run log says what the policy chose, before the step starts
+            messages = [e.message for e in instance.all_logs(ui_runs["b"], of_type=DagsterEventType.ENGINE_EVENT)]
+            assert any("Resource policy for docs__inferred over partitions b: 2 GPU(s), cpu 4, memory 8Gi" in m
+                       for m in messages), messages
         spans = sorted(set(spans))
         assert len(spans) == 5
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
