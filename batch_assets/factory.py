@@ -26,7 +26,7 @@ from batch_assets.partitions import partitions_def_for
 from batch_assets.pools import infer_pool
 from batch_assets.prepare import run_prepare
 from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
-from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, remember_spec
 from batch_assets.sample_data import ensure_sample
 from batch_assets.secrets import resource_config
 from batch_assets.sink import run_write
@@ -188,6 +188,7 @@ def _stage_asset(
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
+    remember_spec(spec)  # the batch Kubernetes executor sizes this pipeline's infer steps from it
     pdef = partitions_def_for(spec)
     model_key = model_resource_key(spec)
     storage_kind = "s3" if (spec.sink.path or "").startswith("s3://") else "parquet"

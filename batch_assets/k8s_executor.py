@@ -45,7 +45,14 @@ from dagster_k8s.job import UserDefinedDagsterK8sConfig
 from dagster_k8s.launcher import K8sRunLauncher
 
 from batch_assets.partitions import partitions_def_for
-from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, StepResources, resources_for_keys
+from batch_assets.resource_policy import (
+    INFER_STAGE,
+    PIPELINE_TAG,
+    STAGE_TAG,
+    StepResources,
+    built_spec,
+    resources_for_keys,
+)
 from batch_assets.spec import PipelineSpec, Toleration
 
 GPU_NODE_SELECTOR_ENV = "BATCH_GPU_NODE_SELECTOR"
@@ -109,11 +116,12 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         run = step_handler_context.dagster_run
         cache_key = (run.run_id, step_key)
         if cache_key not in self._resolved:
-            spec = self._specs.get(tags[PIPELINE_TAG])
+            spec = self._specs.get(tags[PIPELINE_TAG]) or built_spec(tags[PIPELINE_TAG])
             if spec is None:
                 raise check.CheckError(
-                    f"step {step_key} names pipeline {tags[PIPELINE_TAG]!r}, which this executor was not built "
-                    f"with ({sorted(self._specs)}): build it from the same specs as the assets"
+                    f"step {step_key} names pipeline {tags[PIPELINE_TAG]!r}, which was not built in this process "
+                    f"(known: {sorted(self._specs)}): its infer step cannot be sized; build the pipeline with "
+                    "batch_assets.factory in the same code location as the executor"
                 )
             keys = run_partition_keys(spec, run.tags, step_handler_context.instance)
             self._resolved[cache_key] = with_gpu_node_pool(resources_for_keys(spec, keys))
@@ -146,7 +154,8 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
 
 
 def batch_k8s_executor(specs: Sequence[PipelineSpec]) -> dg.ExecutorDefinition:
-    """`k8s_job_executor` with per-partition infer resources for these pipelines. Same run config as upstream."""
+    """`k8s_job_executor` with per-partition infer resources for these pipelines (and any other pipeline built in
+    this process, e.g. by a Dagster Component). Same run config as upstream."""
     by_name = {spec.name: spec for spec in specs}
 
     @dg.executor(

@@ -31,6 +31,19 @@ STAGE_TAG = "batch_assets/stage"
 INFER_STAGE = "inferred"
 
 
+# Every pipeline whose assets this process built (factory.build_pipeline_assets records it), by name: the executor
+# resolves an infer step's policy from it, whichever route built the pipeline (spec folder or Dagster Component).
+_BUILT_SPECS: dict[str, PipelineSpec] = {}
+
+
+def remember_spec(spec: PipelineSpec) -> None:
+    _BUILT_SPECS[spec.name] = spec
+
+
+def built_spec(name: str) -> PipelineSpec | None:
+    return _BUILT_SPECS.get(name)
+
+
 def parse_quantity(value: str | int, field_name: str) -> Decimal:
     """A Kubernetes quantity ('500m', '16Gi', '2') as a number, with the kubernetes client's own parser."""
     from kubernetes.utils.quantity import parse_quantity as k8s_parse

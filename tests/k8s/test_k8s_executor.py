@@ -45,3 +45,10 @@ def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
     assert "dagster-k8s/config" not in infer.op.tags  # the executor sizes it, per partition
     cpu_only = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path))}
     assert cpu_only["inferred"].op.pool is None
+def test_pipelines_built_by_a_component_are_known_to_the_executor(tmp_path: Path) -> None:
+    from batch_assets.components.pipeline import BatchInferencePipeline
+    from batch_assets.resource_policy import built_spec
+
+    spec = make_spec(EMBED_SPEC, tmp_path, name="docs_component", runtime={"gpus": 1})
+    BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory
+    assert built_spec("docs_component") == spec
