@@ -141,10 +141,15 @@ def _decode(method: str, entry: dict[str, Any]) -> Any:
 
 
 class CachedProvider:
-    """A provider whose capability methods consult the response cache first; everything else passes through."""
+    """A provider whose capability methods consult the response cache first; everything else passes through.
+
+    Build it with `cached(provider, cache)`: the wrapper's class is then named after the provider's
+    (`CachedOpenAICompatibleProvider`), so errors still say which provider failed; `unwrapped` is the provider
+    itself, for fingerprints that must not change when the cache is switched on."""
 
     def __init__(self, provider: Any, cache: ResponseCache) -> None:
         self._inner = provider
+        self.unwrapped = provider
         self._cache = cache
         self._fingerprint = model_fingerprint(provider)
         self.hits = 0
@@ -192,3 +197,8 @@ class CachedProvider:
             return out
 
         return cached
+
+
+def cached(provider: Any, cache: ResponseCache) -> CachedProvider:
+    cls = type(f"Cached{type(provider).__name__}", (CachedProvider,), {"__module__": __name__})
+    return cls(provider, cache)

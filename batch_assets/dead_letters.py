@@ -133,7 +133,11 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
     from batch_assets.sink import run_write
     from batch_assets.storage import parquet_schema, upstream_url
 
+    from batch_assets.cache import ResponseCache, cached
+
     root = storage.resolved_root()
+    if spec.runtime.response_cache:  # a retried row that succeeds is cached like any other
+        provider = cached(provider, ResponseCache(root))
     inferred = upstream_url(storage, spec.name, "inferred", key)
     prepared_cols = parquet_schema(upstream_url(storage, spec.name, "prepared", key)).names
     with partition_lock(root, spec.name, "inferred", key, on_wait=log):

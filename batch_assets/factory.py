@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 
 from batch_assets.checks import blocking_check_results, blocking_check_specs
-from batch_assets.cache import CachedProvider, ResponseCache
+from batch_assets.cache import CachedProvider, ResponseCache, cached
 from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
 from batch_assets.locks import partition_lock
@@ -232,7 +232,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)
         if spec.runtime.response_cache:
-            provider = CachedProvider(provider, ResponseCache(storage.resolved_root()))
+            provider = cached(provider, ResponseCache(storage.resolved_root()))
         stats = InferStats()
         reports = run_partitions(context, spec, lambda key: run_infer(spec, storage, key, provider, stats))
         describe = provider.describe()

@@ -1,0 +1,107 @@
+"""Dead letters and the response cache, through the real OpenAI-compatible provider over HTTP.
+
+The endpoint is the fault proxy on loopback answering by itself (`Echo`: the completion is `echo:<prompt>`), so every
+model call is counted per row. Two rows fail with 500s until the "outage" ends; then the retry command re-runs only
+those two, merges them in and leaves the good rows untouched; a rerun with the cache on costs no model call at all,
+in this pipeline or another one asking the same model the same prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow.parquet as pq
+import yaml
+
+from batch_assets.dead_letters import dead_letter_url
+from batch_assets.spec import parse_spec
+from batch_assets.storage import ArrowStorage
+from tests.conftest import read_output, run_pipeline, write_jsonl
+from tests.providers.fault_proxy import Echo, FaultProxy, Respond
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAKY = {"Say row 3", "Say row 7"}
+
+
+def _raw_spec(data: Path, base_url: str, name: str = "echoes") -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "static", "keys": ["a"]},
+        "prepare": {"id_column": "doc_id", "template": "Say {text}"},
+        "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+        "model": {"provider": "openai", "config": {"model": "echo", "base_url": base_url, "max_attempts": 2,
+                                                     "backoff_base_s": 0.01, "backoff_max_s": 0.02}},
+        "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5, "response_cache": True},
+    }
+
+
+def _metadata(result: dg.ExecuteInProcessResult, name: str) -> dict[str, Any]:
+    (mat,) = result.asset_materializations_for_node(f"{name}__inferred")
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
+    outage = {"on": True}
+
+    def script(key: str, attempt: int):
+        return Respond(500, {"error": {"message": "upstream down"}}) if key in FLAKY and outage["on"] else Echo()
+
+    data, store, pipelines = tmp_path / "data", tmp_path / "store", tmp_path / "pipelines"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
+    with FaultProxy(script) as proxy:
+        raw = _raw_spec(data, proxy.url)
+        spec = parse_spec(raw)
+        first = run_pipeline(spec, store, ["a"])
+        assert first.success
+        out = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert sorted(out) == [f"d{i}" for i in range(10)]
+        assert {k for k, r in out.items() if r["error"]} == {"d3", "d7"}
+        assert out["d1"]["generated_text"] == "echo:Say row 1"
+        calls = {k: len(proxy.attempts_for(k)) for k in (f"Say row {i}" for i in range(10))}
+        assert calls["Say row 1"] == 1 and calls["Say row 3"] == 2  # the failing rows used both attempts
+
+        dead = pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).to_pylist()
+        assert sorted(d["row_id"] for d in dead) == ["d3", "d7"]
+        assert all(d["error_class"] == "transient" and "500" in d["error"] for d in dead), dead
+        assert {d["model_input"] for d in dead} == FLAKY and all(d["_source_file"].endswith("a.jsonl") for d in dead)
+
+        # the outage ends: retry only the dead letters, with the documented command
+        outage["on"] = False
+        pipelines.mkdir()
+        (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT)}
+        env.pop("DAGSTER_HOME", None)
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+                               "--storage-root", str(store)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "retried 2 rows, 0 still failed; 0 dead letters, 10 rows published" in proc.stdout
+        after = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert after["d3"]["error"] is None and after["d3"]["generated_text"] == "echo:Say row 3"
+        assert {k: v for k, v in after.items() if k not in ("d3", "d7")} == \
+            {k: v for k, v in out.items() if k not in ("d3", "d7")}  # good rows untouched
+        assert [r["doc_id"] for r in read_output(spec, store, "a").to_pylist()] == [f"d{i}" for i in range(10)]
+        assert pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).num_rows == 0
+        retried_calls = {k: len(proxy.attempts_for(k)) for k in calls}
+        assert retried_calls["Say row 3"] == 3 and retried_calls["Say row 1"] == 1  # only dead letters were re-sent
+
+        # re-materialize with the cache: no model call at all
+        again = run_pipeline(spec, store, ["a"])
+        assert again.success
+        meta = _metadata(again, "echoes")
+        assert (meta["cache_hits"], meta["cache_misses"]) == (10, 0)
+        assert {k: len(proxy.attempts_for(k)) for k in calls} == retried_calls
+        assert read_output(spec, store, "a").to_pylist() == read_output(spec, store, "a").to_pylist()
+
+        # another pipeline asking the same model the same prompts shares the cache
+        other = parse_spec({**copy.deepcopy(raw), "name": "echoes_too"})
+        third = run_pipeline(other, store, ["a"])
+        assert third.success and _metadata(third, "echoes_too")["cache_hits"] == 10
+        assert {k: len(proxy.attempts_for(k)) for k in calls} == retried_calls
