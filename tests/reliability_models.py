@@ -31,3 +31,24 @@ class TextLength:
 
     def __call__(self, batch: dict[str, list[Any]]) -> list[int]:
         return [len(t or "") for t in batch["text"]]
+
+
+class SlowTextLength:
+    """`TextLength` that takes its time (so two runs of one partition overlap) and can pull the plug on a process
+    at its Nth call (to fail storage in the middle of a stage)."""
+
+    calls = 0
+
+    def __init__(self, seconds: float = 0.2, kill_pid_env: str | None = None, kill_at_call: int = 0) -> None:
+        self.seconds, self.kill_pid_env, self.kill_at_call = seconds, kill_pid_env, kill_at_call
+
+    def __call__(self, batch: dict[str, list[Any]]) -> list[int]:
+        import os
+        import signal
+        import time
+
+        SlowTextLength.calls += 1
+        if self.kill_pid_env and SlowTextLength.calls == self.kill_at_call:
+            os.kill(int(os.environ[self.kill_pid_env]), signal.SIGKILL)
+        time.sleep(self.seconds)
+        return [len(t or "") for t in batch["text"]]
