@@ -197,25 +197,49 @@ def _first_bad_utf8_row(url: str) -> int | None:
     return None
 
 
+def _line_blocks(f, size: int = _BLOCK) -> Iterator[bytes]:
+    """The file in blocks of about `size` bytes, each ending at a line end: one block in memory at a time.
+
+    pyarrow's streaming JSON reader reads ahead without bound (a 30 MB file was held whole), so we feed it blocks."""
+    rest = b""
+    while True:
+        chunk = f.read(size)
+        if not chunk:
+            break
+        data = rest + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        yield data[: cut + 1]
+        rest = data[cut + 1 :]
+    if rest.strip():
+        yield rest
+
+
 def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
+    encoding = spec.source.encoding.lower().replace("_", "-")
+    schema: pa.Schema | None = None
     with fs.open(path, "rb") as raw:
-        stream: object = raw
-        if spec.source.encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
-            stream = pa.transcoding_input_stream(pa.PythonFile(raw, mode="r"), spec.source.encoding, "utf-8")
         try:
-            reader = pajson.open_json(stream, read_options=pajson.ReadOptions(block_size=_BLOCK))
-            checked = False
-            for batch in reader:
-                if not checked:
-                    _missing_columns(spec, batch.schema.names)
-                    checked = True
-                batch = batch.select(spec.source.columns)
-                _check_utf8(spec, url, batch)
-                yield batch
-        except pa.ArrowInvalid as exc:
+            for block in _line_blocks(raw):
+                if encoding not in ("utf-8", "utf8"):
+                    block = block.decode(spec.source.encoding).encode("utf-8")
+                # the first block fixes the column types, as pyarrow's own streaming reader does
+                parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema \
+                    else pajson.ParseOptions()
+                table = pajson.read_json(pa.BufferReader(block), read_options=pajson.ReadOptions(use_threads=False),
+                                         parse_options=parse)
+                if schema is None:
+                    _missing_columns(spec, table.schema.names)
+                    schema = table.schema
+                for batch in table.select(spec.source.columns).to_batches(max_chunksize=spec.source.batch_rows):
+                    _check_utf8(spec, url, batch)
+                    yield batch
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             message = str(exc)
-            if "UTF8" in message or "encoding" in message.lower():
+            if isinstance(exc, UnicodeDecodeError) or "UTF8" in message or "encoding" in message.lower():
                 raise PipelineError(
                     f"the file is not valid {spec.source.encoding}",
                     row=_first_bad_utf8_row(url),
@@ -244,7 +268,7 @@ def _parquet_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:
         try:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, pre_buffer=False)  # else every row group is fetched up front
         except pa.ArrowInvalid as exc:
             raise PipelineError(f"the file is not a readable Parquet file: {exc}",
                                 fix="check source.format") from None

@@ -160,7 +160,8 @@ def write_parquet(url: str, schema: pa.Schema | None = None) -> Iterator[Parquet
 def read_batches(url: str, columns: list[str] | None = None, batch_rows: int = 4096) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:
-        pf = pq.ParquetFile(f)
+        # pre_buffer=False: with it, Arrow fetches every row group's bytes up front (the whole file in memory)
+        pf = pq.ParquetFile(f, pre_buffer=False)
         yield from pf.iter_batches(batch_size=batch_rows, columns=columns)
 
 
