@@ -9,6 +9,7 @@ step retry policy, and a `code_version` per stage derived from the spec sections
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import warnings
@@ -17,22 +18,25 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets.checks import blocking_check_results, blocking_check_specs
+from batch_assets import evaluation
 from batch_assets.cache import CachedProvider, ResponseCache, cached
+from batch_assets.checks import blocking_check_results, blocking_check_specs
 from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
 from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
 from batch_assets.pools import infer_pool
 from batch_assets.prepare import run_prepare
-from batch_assets.report import PartitionReport, partition_metadata, summary_metadata
+from batch_assets.progress import PartitionProgress
+from batch_assets.report import PartitionReport, counter_delta, partition_metadata, preview_of, run_totals
 from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, remember_spec
 from batch_assets.sample_data import ensure_sample
 from batch_assets.secrets import resource_config
 from batch_assets.sink import run_write
 from batch_assets.sources import run_read
 from batch_assets.spec import PipelineSpec
-from batch_assets.storage import ArrowStorage
+from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
+from resources.base import resolve_device
 from resources.registry import provider_class
 
 # BackfillPolicy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
@@ -104,7 +108,8 @@ def run_partitions(
     context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport],
     stage: str | None = None,
 ) -> list[PartitionReport]:
-    """Run one stage over every partition of the run, in order; each partition gets its own metadata.
+    """Run one stage over every partition of the run, in order; each partition gets its own metadata (also in a
+    single-run backfill, so the partition view and the plots are per partition).
 
     Each partition's stage runs under the partition's lock (batch_assets.locks): two runs of one partition at once
     take turns instead of interleaving.
@@ -136,9 +141,11 @@ def run_partitions(
         except BaseException:
             _record_finished(context, reports, failed_key=key)
             raise
+        if report.schema is None and report.path.endswith(".parquet"):
+            report.schema = parquet_schema(report.path)
         reports.append(report)
-        if len(keys) > 1:
-            context.add_asset_metadata(partition_metadata(report), partition_key=key)
+        # every partition its own metadata, also in a single-run backfill: per-partition views and plots
+        context.add_asset_metadata(partition_metadata(report), partition_key=key)
     return reports
 
 
@@ -155,6 +162,61 @@ def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionR
             f"Partition {failed_key!r} failed; {len(reports)} partition(s) finished before it are recorded as "
             "materialized, so re-executing the backfill from failure redoes only the rest."
         )
+
+
+def source_input_columns(spec: PipelineSpec) -> list[str]:
+    """The source columns the model's input is made of (for the previews)."""
+    kind, prep = spec.task.kind, spec.prepare
+    if kind == "generate":
+        return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
+    if kind in ("embed", "classify"):
+        return [prep.text_column] if prep.text_column else []
+    if kind == "predict":
+        return spec.model_input_columns()
+    return list(prep.image_columns)
+
+
+def _id_column(spec: PipelineSpec) -> str:
+    return spec.prepare.id_column or "row_id"
+
+
+def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
+    if describe.get("device"):
+        return str(describe["device"])
+    if spec.model.provider == "openai":
+        return "remote (HTTP API)"
+    device = getattr(provider, "device", None)
+    if isinstance(device, str):
+        try:
+            return resolve_device(device)
+        except ImportError:
+            return device
+    return "n/a"
+
+
+def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], device: str,
+                             delta: dict[str, int]) -> dict[str, Any]:
+    """What the model did for one partition: who ran it where, tokens, requests, cache hits, estimated cost."""
+    md: dict[str, Any] = {
+        "model": str(describe.get("model")),
+        "provider": spec.model.provider,
+        "provider_class": str(describe.get("provider")),
+        "device": device,
+    }
+    if "batch_size" in describe:
+        md["batch_size"] = int(describe["batch_size"])
+    if spec.task.kind == "generate":
+        md["tokens_in"] = delta.get("prompt_tokens", 0)
+        md["tokens_out"] = delta.get("completion_tokens", 0)
+        # one prompt per row with an input (rows flagged empty are never sent; they are the errors that are not
+        # the model's); rows reused from a checkpoint count, as their tokens do
+        md["requests"] = delta.get("rows_out", 0) - (delta.get("rows_with_errors", 0) - delta.get("model_errors", 0))
+    for name in ("cache_hits", "cache_misses"):
+        if name in delta:
+            md[name] = delta[name]
+    md["cost_usd"] = float(round(spec.model.pricing.cost(delta.get("prompt_tokens", 0),
+                                                          delta.get("completion_tokens", 0)), 6))
+    return md
 
 
 def _stage_asset(
@@ -202,8 +264,12 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         made = ensure_sample(spec, context.partition_keys)
         if made:
             context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
-        reports = run_partitions(context, spec, lambda key: run_read(spec, storage, key))
-        return dg.MaterializeResult(metadata=summary_metadata(reports))
+        def one(key: str) -> PartitionReport:
+            report = run_read(spec, storage, key)
+            report.preview = preview_of(report.path, spec.source.columns[:8])
+            return report
+
+        return dg.MaterializeResult(metadata=run_totals(run_partitions(context, spec, one)))
 
     @_stage_asset(spec, "prepared", pdef,
                   "Prepare: renders each row's model input (prompt template / text column), flags empty inputs "
@@ -211,11 +277,22 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   {"python", "pyarrow"}, {STORAGE_KEY})
     def prepared(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
-        reports = run_partitions(context, spec, lambda key: run_prepare(spec, storage, key))
-        return dg.MaterializeResult(metadata=summary_metadata(
-            reports, {"empty_inputs": dg.MetadataValue.int(sum(r.extra["empty_inputs"] for r in reports))}))
+        model_input = {"generate": ["_prompt"], "embed": ["_text"], "classify": ["_text"]}.get(
+            spec.task.kind, source_input_columns(spec))
+
+        def one(key: str) -> PartitionReport:
+            report = run_prepare(spec, storage, key)
+            report.preview = preview_of(report.path, [_id_column(spec), *model_input, "_input_problem"])
+            return report
+
+        return dg.MaterializeResult(metadata=run_totals(run_partitions(context, spec, one)))
 
     inferred_key = dg.AssetKey([spec.name, "inferred"])
+    infer_checks = [dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
+                                      description="Every row got a model output (warns otherwise)."),
+                    *blocking_check_specs(spec, inferred_key)]
+    if spec.evaluation is not None:
+        infer_checks.append(evaluation.check_spec(spec, inferred_key))
 
     @_stage_asset(spec, "inferred", pdef,
                   f"Infer: task `{spec.task.kind}` with provider `{spec.model.provider}` (resource `{model_key}`), "
@@ -224,45 +301,58 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   "rate, output schema) must pass before the output is published.",
                   PROVIDER_KINDS.get(spec.model.provider, {"python"}) | {"pyarrow"},
                   {STORAGE_KEY, model_key},
-                  check_specs=[dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
-                                                 description="Every row got a model output (warns otherwise)."),
-                               *blocking_check_specs(spec, inferred_key)],
+                  check_specs=infer_checks,
                   op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         provider = getattr(context.resources, model_key)
         if spec.runtime.response_cache:
             provider = cached(provider, ResponseCache(storage.resolved_root()))
-        stats = InferStats()
-        reports = run_partitions(context, spec, lambda key: run_infer(spec, storage, key, provider, stats))
         describe = provider.describe()
-        extra: dict[str, Any] = {
-            "model": dg.MetadataValue.text(str(describe.get("model"))),
-            "provider": dg.MetadataValue.text(str(describe.get("provider"))),
-            "rows_with_errors": dg.MetadataValue.int(stats.rows_with_errors),
-            "model_errors": dg.MetadataValue.int(stats.model_errors),
-            "chunks_reused": dg.MetadataValue.int(stats.chunks_reused),
-            "chunks_computed": dg.MetadataValue.int(stats.chunks_computed),
-        }
-        if isinstance(provider, CachedProvider):
-            extra["cache_hits"] = dg.MetadataValue.int(provider.hits)
-            extra["cache_misses"] = dg.MetadataValue.int(provider.misses)
-        if "batch_size" in describe:
-            extra["batch_size"] = dg.MetadataValue.int(int(describe["batch_size"]))
-        if spec.task.kind == "generate":
-            extra["tokens_in"] = dg.MetadataValue.int(stats.prompt_tokens)
-            extra["tokens_out"] = dg.MetadataValue.int(stats.completion_tokens)
+        device = _device(spec, provider, describe)
+        stats = InferStats()
+        confusions: dict[str, evaluation.Confusion] = {}
+        inputs = [c for c in source_input_columns(spec) if not (spec.evaluation and c == spec.evaluation.label_column)]
+
+        def one(key: str) -> PartitionReport:
+            total = parquet_rows(upstream_url(storage, spec.name, "prepared", key))
+            progress = PartitionProgress(context.log, f"{spec.name}/inferred [{key}]", total,
+                                         every_s=spec.runtime.progress_every_s)
+            stats.listeners[:] = [lambda _stats, rows: progress.add(rows)]
+            before = copy.copy(stats)
+            cache_before = (provider.hits, provider.misses) if isinstance(provider, CachedProvider) else None
+            report = run_infer(spec, storage, key, provider, stats)
+            delta = counter_delta(stats, before)
+            if cache_before is not None:
+                delta["cache_hits"] = provider.hits - cache_before[0]
+                delta["cache_misses"] = provider.misses - cache_before[1]
+            progress.finish(delta.get("rows_with_errors"))
+            report.extra.update(infer_partition_metadata(spec, describe, device, delta))
+            preview_cols = [_id_column(spec), *inputs]
+            if spec.evaluation is not None:
+                confusions[key] = evaluation.evaluate_file(spec, report.path)
+                report.extra.update(evaluation.partition_metadata(confusions[key]))
+                preview_cols.append(spec.evaluation.label_column)
+            produced = [c for c in parquet_schema(report.path).names
+                        if c not in parquet_schema(upstream_url(storage, spec.name, "prepared", key)).names]
+            report.preview = preview_of(report.path, [*preview_cols, *produced][:10])
+            return report
+
+        reports = run_partitions(context, spec, one)
+        metadata = run_totals(reports)
         if stats.error_samples:
-            extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
-        check = dg.AssetCheckResult(
+            metadata["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
+        checks = [dg.AssetCheckResult(
             check_name="no_row_errors",
             passed=stats.rows_with_errors == 0,
             severity=dg.AssetCheckSeverity.WARN,
             metadata={"rows_with_errors": stats.rows_with_errors, "rows": stats.rows_out,
                       "samples": "\n".join(stats.error_samples) or "none"},
-        )
-        blocking = blocking_check_results(spec, provider, reports)
-        return dg.MaterializeResult(metadata=summary_metadata(reports, extra), check_results=[check, *blocking])
+        )]
+        checks += blocking_check_results(spec, provider, reports)
+        if spec.evaluation is not None:
+            checks.append(evaluation.check_result(spec, confusions))
+        return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
     @_stage_asset(spec, "output", pdef,
                   f"Write: publishes the sink columns as {spec.sink.format} under "
@@ -273,10 +363,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def output(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         reports = run_partitions(context, spec, lambda key: run_write(spec, storage, key))
-        previews = "\n\n".join(f"**{r.key}**\n\n{r.extra['preview'].value}" for r in reports[:3])
         # Rows exactly once is a blocking check on `inferred` (against the source); the sink verifies again before
         # its atomic commit and raises instead of publishing.
-        return dg.MaterializeResult(metadata=summary_metadata(reports, {"preview": dg.MetadataValue.md(previews)}))
+        return dg.MaterializeResult(metadata=run_totals(reports))
 
     return [raw, prepared, inferred, output]
 

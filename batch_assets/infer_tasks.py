@@ -51,7 +51,7 @@ def model_input_columns(spec: PipelineSpec) -> list[str]:
     elif kind in ("embed", "classify"):
         cols.append("_text")
     elif kind == "predict":
-        cols += list(prep.input_columns or spec.source.columns)
+        cols += spec.model_input_columns()
     else:
         cols.append(prep.image_columns[0])
     return cols
@@ -68,7 +68,7 @@ def plan_chunk(spec: PipelineSpec, batch: pa.RecordBatch) -> ChunkPlan:
     if kind == "generate":
         return ChunkPlan(sent, _conversations(spec, batch, sent), errors)
     if kind == "predict":
-        columns = spec.prepare.input_columns or spec.source.columns
+        columns = spec.model_input_columns()  # never the evaluation label
         taken = batch.select(columns).take(pa.array(sent))
         return ChunkPlan(sent, {c: taken.column(c).to_pylist() for c in columns}, errors)
     images, ok = _load_images(spec, batch, sent, errors)

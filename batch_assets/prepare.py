@@ -28,11 +28,20 @@ def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> Partitio
     src = upstream_url(storage, spec.name, "raw", key)
     url = storage.stage_url(spec.name, "prepared", key)
     flagged = 0
+    raw_rows = [0]
+
+    def raw_batches() -> Iterator[pa.RecordBatch]:
+        for batch in read_batches(src, batch_rows=spec.source.batch_rows):
+            raw_rows[0] += batch.num_rows
+            yield batch
+
     with write_parquet(url) as writer:
-        for batch in prepare_batches(spec, read_batches(src, batch_rows=spec.source.batch_rows)):
+        for batch in prepare_batches(spec, raw_batches()):
             flagged += sum(batch.column("_input_empty").to_pylist())
             writer.write(batch)
-    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged})
+    # A flagged row (empty input) is a row error downstream: it is never sent to the model.
+    return PartitionReport(key, raw_rows[0], writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged},
+                           rows_with_errors=flagged)
 
 
 def check_unique(ids: UniqueIdChecker, rescan) -> None:

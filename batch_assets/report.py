@@ -1,20 +1,29 @@
-"""What a stage reports about one partition, and how that becomes Dagster materialization metadata."""
+"""What a stage reports about one partition, and how that becomes Dagster materialization metadata.
+
+Every partition's materialization carries its own typed metadata (ints and floats that Dagster plots across
+partitions and runs, Dagster's standard `dagster/row_count` and `dagster/column_schema`, a path and a markdown
+preview), also when one run materializes a range of partitions: the factory attaches it per partition key.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 
+PREVIEW_ROWS = 5
+
 
 @dataclass
 class PartitionReport:
-    """One stage's outcome for one partition: rows in and out, time, where it landed, stage-specific extras.
+    """One stage's outcome for one partition.
 
-    `extra` holds raw values (int, float, str) or ready-made `dg.MetadataValue`s; `summary_metadata` sums the
-    numeric ones across the partitions of a run.
+    `rows_in` is what the stage read (source rows scanned, upstream rows), `rows_out` what it wrote; they differ
+    only where the stage filters (a hash shard keeps its share of the source). `schema` is the written file's
+    schema (read from the Parquet footer when not given); `extra` holds raw values (int, float, str, bool) or
+    ready-made `dg.MetadataValue`s.
     """
 
     key: str
@@ -23,58 +32,103 @@ class PartitionReport:
     seconds: float = 0.0
     path: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    rows_with_errors: int | None = None
+    schema: pa.Schema | None = None
+    preview: str | None = None
+
+
+def table_schema(schema: pa.Schema) -> dg.TableSchema:
+    """The Arrow schema as Dagster's TableSchema, so the UI lists the output's columns and types."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name=f.name, type=str(f.type),
+                                constraints=None if f.nullable else dg.TableColumnConstraints(nullable=False))
+                 for f in schema]
+    )
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, dg.MetadataValue) or isinstance(value, dg.TableSchema):
+        return value
+    if isinstance(value, bool):
+        return dg.MetadataValue.bool(value)
+    if isinstance(value, int):
+        return dg.MetadataValue.int(value)
+    if isinstance(value, float):
+        return dg.MetadataValue.float(value)
+    return dg.MetadataValue.text(str(value))
 
 
 def partition_metadata(report: PartitionReport) -> dict[str, Any]:
     """The metadata of one partition's materialization."""
+    rate = report.rows_out / report.seconds if report.seconds > 0 else 0.0
     md: dict[str, Any] = {
+        "dagster/row_count": dg.MetadataValue.int(report.rows_out),
         "rows_in": dg.MetadataValue.int(report.rows_in),
         "rows_out": dg.MetadataValue.int(report.rows_out),
         "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
-        "rows_per_s": dg.MetadataValue.float(round(report.rows_out / report.seconds, 1) if report.seconds else 0.0),
+        "rows_per_s": dg.MetadataValue.float(round(rate, 1)),
         "path": dg.MetadataValue.path(report.path),
     }
+    if report.schema is not None:
+        md["dagster/column_schema"] = table_schema(report.schema)
     for name, value in report.extra.items():
-        md[name] = value
+        md[name] = _typed(value)
+    errors = report.rows_with_errors if report.rows_with_errors is not None else report.extra.get("rows_with_errors")
+    if errors is not None:
+        md["rows_with_errors"] = dg.MetadataValue.int(int(errors))
+        md["error_rate"] = dg.MetadataValue.float(round(errors / report.rows_out, 6) if report.rows_out else 0.0)
+    if report.preview is not None:
+        md["preview"] = dg.MetadataValue.md(report.preview)
     return md
 
 
-def summary_metadata(reports: list[PartitionReport], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run-level metadata over every partition of the run (one partition: that partition's own metadata)."""
+def run_totals(reports: list[PartitionReport]) -> dict[str, Any]:
+    """Metadata of the run as a whole; only for a run over one partition is it also that partition's metadata.
+
+    In a multi-partition run every partition already has its own metadata (keys here would be merged into each
+    partition's event, so they are named so they cannot be mistaken for one partition's values).
+    """
     if len(reports) == 1:
-        md = partition_metadata(reports[0])
-        md.update(extra or {})
-        return md
-    rows_in = sum(r.rows_in for r in reports)
-    rows_out = sum(r.rows_out for r in reports)
-    seconds = sum(r.seconds for r in reports)
-    md = {
-        "rows_in": dg.MetadataValue.int(rows_in),
-        "rows_out": dg.MetadataValue.int(rows_out),
-        "duration_s": dg.MetadataValue.float(round(seconds, 3)),
-        "rows_per_s": dg.MetadataValue.float(round(rows_out / seconds, 1) if seconds else 0.0),
-        "path": dg.MetadataValue.text(", ".join(r.path for r in reports)),
-        "partitions": dg.MetadataValue.json(
-            {r.key: {"rows_in": r.rows_in, "rows_out": r.rows_out, "seconds": round(r.seconds, 3), "path": r.path,
-                     **{k: v for k, v in r.extra.items() if isinstance(v, (int, float, str))}} for r in reports}
-        ),
+        return {}
+    return {
+        "run_partitions": dg.MetadataValue.int(len(reports)),
+        "run_rows_out": dg.MetadataValue.int(sum(r.rows_out for r in reports)),
+        "run_duration_s": dg.MetadataValue.float(round(sum(r.seconds for r in reports), 3)),
     }
-    md.update(extra or {})
-    return md
+
+
+def counter_delta(after: Any, before: Any) -> dict[str, int]:
+    """Per-partition values of a run's running counters (every int field of a dataclass such as InferStats)."""
+    return {f.name: getattr(after, f.name) - getattr(before, f.name)
+            for f in fields(after) if isinstance(getattr(after, f.name), int)}
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return f"[{', '.join(f'{v:.3f}' if isinstance(v, float) else str(v) for v in value[:3])}, … {len(value)} values]"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value)} bytes>"
     text = "" if value is None else str(value)
     text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= 60 else text[:57] + "…"
 
 
-def markdown_preview(batches: list[pa.RecordBatch], columns: list[str], rows: int = 5) -> str:
+def markdown_preview(batches: list[pa.RecordBatch], columns: list[str], rows: int = PREVIEW_ROWS) -> str:
     records = [r for b in batches for r in b.to_pylist()][:rows]
     if not records:
         return "_no rows_"
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in records]
     return "\n".join(lines)
+
+
+def preview_of(url: str, columns: list[str], rows: int = PREVIEW_ROWS) -> str:
+    """A markdown table of the first rows of a written Parquet file (reads one small batch, not the file)."""
+    from batch_assets.storage import parquet_schema, read_batches
+
+    present = [c for c in columns if c in parquet_schema(url).names]
+    for batch in read_batches(url, columns=present, batch_rows=rows):
+        return markdown_preview([batch], present, rows)
+    return "_no rows_"

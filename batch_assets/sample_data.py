@@ -21,13 +21,19 @@ WORDS = ["Apex", "Blue", "Cedar", "Delta", "Ember", "Falcon", "Granite", "Harbor
 CITIES = [("Lisbon", "Portugal"), ("Austin", "United States"), ("Lyon", "France"), ("Osaka", "Japan"),
           ("Toronto", "Canada"), ("Munich", "Germany"), ("Nairobi", "Kenya"), ("Sydney", "Australia"),
           ("Pune", "India"), ("Bogota", "Colombia")]
-# Company-name shapes that hint at an industry, so the model has something to go on.
-COMPANY_SHAPES = [
-    "{s} & {s2} LLP", "{s} Law Group", "{s} Health Partners", "{w} Medical Center", "{w} Technologies",
-    "{w} Software Inc", "{w} Retail Group", "{s}'s Market", "{s} Consulting", "{w} Advisory",
-    "{w} Manufacturing Co", "{w} Industrial Works", "{w} Capital", "{s} Bank", "{w} Realty", "{s} Properties",
-    "{w} & {w2} Holdings",
-]
+# Company-name shapes that hint at an industry, so the model has something to go on; each shape's true industry is
+# recorded with the row (`true_industry`), a golden label the evaluation scores answers against.
+COMPANY_SHAPES: dict[str, str] = {
+    "{s} & {s2} LLP": "Law Firm", "{s} Law Group": "Law Firm",
+    "{s} Health Partners": "Healthcare", "{w} Medical Center": "Healthcare",
+    "{w} Technologies": "Technology", "{w} Software Inc": "Technology",
+    "{w} Retail Group": "Retail", "{s}'s Market": "Retail",
+    "{s} Consulting": "Consulting", "{w} Advisory": "Consulting",
+    "{w} Manufacturing Co": "Manufacturing", "{w} Industrial Works": "Manufacturing",
+    "{w} Capital": "Finance", "{s} Bank": "Finance",
+    "{w} Realty": "Real Estate", "{s} Properties": "Real Estate",
+    "{w} & {w2} Holdings": "Other",
+}
 TOPICS = {
     "astronomy": ["telescopes resolve distant galaxies", "a comet passed close to the sun", "the moon's orbit slowly widens"],
     "cooking": ["slow roasting brings out sweetness", "fresh basil lifts a tomato sauce", "bread needs time to proof"],
@@ -49,7 +55,7 @@ QUOTES = [
 def _customers(rng: random.Random, n: int) -> list[dict]:
     rows = []
     for i in range(n):
-        shape = rng.choice(COMPANY_SHAPES)
+        shape = rng.choice(list(COMPANY_SHAPES))
         city, country = rng.choice(CITIES)
         first, last = rng.choice(FIRST), rng.choice(SURNAMES)
         company = shape.format(s=rng.choice(SURNAMES), s2=rng.choice(SURNAMES), w=rng.choice(WORDS), w2=rng.choice(WORDS))
@@ -58,7 +64,7 @@ def _customers(rng: random.Random, n: int) -> list[dict]:
             "customer_id": f"C{i:06d}", "first_name": first, "last_name": last, "company": company,
             "city": city, "country": country, "email": f"{first.lower()}.{last.lower()}@{slug}.example",
             "subscription_date": str(date(2024, 1, 1) + timedelta(days=rng.randrange(700))),
-            "website": f"https://{slug}.example",
+            "website": f"https://{slug}.example", "true_industry": COMPANY_SHAPES[shape],
         })
     return rows
 
@@ -80,7 +86,8 @@ def _reviews(rng: random.Random, n: int) -> list[dict]:
     for i in range(n):
         mood = rng.choice(sorted(REVIEW_BITS))
         rows.append({"review_id": f"R{i:06d}", "product": f"{rng.choice(WORDS)} blender",
-                     "review_text": f"{rng.choice(REVIEW_BITS[mood]).capitalize()}, {rng.choice(REVIEW_BITS[mood])}."})
+                     "review_text": f"{rng.choice(REVIEW_BITS[mood]).capitalize()}, {rng.choice(REVIEW_BITS[mood])}.",
+                     "true_sentiment": mood})
     return rows
 
 
@@ -115,7 +122,7 @@ def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str
     if spec.partitioning.kind == "daily" and PARTITION_TOKEN in spec.source.path:
         return _ensure_daily_sample(spec, keys or [])
     targets = sample_targets(spec)
-    if all(filesystem_for(t)[0].exists(filesystem_for(t)[1]) for t in targets):
+    if all(_has_columns(t, spec) for t in targets):
         return []
     rows = GENERATORS[spec.source.sample](random.Random(20261121), spec.source.sample_rows)
     per = -(-len(rows) // len(targets))
@@ -125,6 +132,26 @@ def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str
         with atomic_output(fs, path) as f:
             f.write(_encode(chunk, spec.source.format))
     return targets
+
+
+def _has_columns(target: str, spec: PipelineSpec) -> bool:
+    """The sample file exists and holds the spec's columns (one written by an older version, before the label
+    columns were recorded, is generated again: it is our sample, not user data)."""
+    fs, path = filesystem_for(target)
+    if not fs.exists(path):
+        return False
+    fmt = spec.source.format
+    with fs.open(path, "rb") as f:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            names = set(pq.ParquetFile(f).schema_arrow.names)
+        elif fmt == "csv":
+            names = set(next(csv.reader([f.readline().decode("utf-8")]), []))
+        else:
+            line = f.readline()
+            names = set(json.loads(line)) if line.strip() else set(spec.source.columns)
+    return set(spec.source.columns) <= names
 
 
 def _encode(rows: list[dict], fmt: str) -> bytes:

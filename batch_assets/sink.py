@@ -9,7 +9,6 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-import dagster as dg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -54,12 +53,16 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     expected = source_fingerprint(raw_url)
     published = RowIdFingerprint()  # O(1) memory, whatever the partition size
     head: list[pa.RecordBatch] = []
+    counts = {"rows_in": 0, "errors": 0}
     url = sink_url(spec, storage, key)
     dl_url = dead_letter_url(storage, spec.name, key)
 
     with DeadLetterWriter(spec, dl_url) as dead:
         def batches() -> Iterator[pa.RecordBatch]:
             for batch in read_batches(src, batch_rows=spec.source.batch_rows):
+                counts["rows_in"] += batch.num_rows
+                if "error" in batch.schema.names:
+                    counts["errors"] += batch.num_rows - batch.column("error").null_count
                 published.add(batch)
                 dead.add(batch)
                 out = batch.select(columns)
@@ -73,10 +76,10 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     from batch_assets.checkpoint import remove_partition_checkpoints
 
     remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
-    return PartitionReport(key, rows, rows, time.perf_counter() - start, url,
+    return PartitionReport(key, counts["rows_in"], rows, time.perf_counter() - start, url,
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
-                            "dead_letters_path": dl_url,
-                            "preview": dg.MetadataValue.md(markdown_preview(head, columns))})
+                            "dead_letters_path": dl_url},
+                           rows_with_errors=counts["errors"], schema=out_schema, preview=markdown_preview(head, columns))
 
 
 def source_fingerprint(raw_url: str) -> RowIdFingerprint:

@@ -35,25 +35,31 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     start = time.perf_counter()
     part = resolve_partition(spec, key)
     url = storage.stage_url(spec.name, "raw", key)
+    scanned = [0]
     source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
     unique = UniqueIdChecker()  # 8 bytes a row
     with write_parquet(url) as writer:
-        for batch in read_partition(spec, part):
+        for batch in read_partition(spec, part, scanned):
             source_ids.add(batch)
             unique.add(batch)
             writer.write(batch)
         # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
         check_unique(unique, lambda: read_partition(spec, part))
         writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
-    return PartitionReport(key, writer.rows, writer.rows, time.perf_counter() - start, url,
+    # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
+    return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
                            {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes})
 
 
-def read_partition(spec: PipelineSpec, part: PartitionSlice) -> Iterator[pa.RecordBatch]:
-    """All rows of one partition, batch by batch, after the partition's row filter."""
+def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None
+                   ) -> Iterator[pa.RecordBatch]:
+    """All rows of one partition, batch by batch, after the partition's row filter; `scanned[0]` counts the rows
+    read before the filter."""
     for url in part.files:
         try:
             for batch in _read_file(spec, url):
+                if scanned is not None:
+                    scanned[0] += batch.num_rows
                 if part.row_filter is not None:
                     batch = batch.filter(pa.array(part.row_filter(batch), type=pa.bool_()))
                 if batch.num_rows:

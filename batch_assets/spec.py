@@ -143,12 +143,25 @@ class TaskSpec(_Strict):
         return self.output_column or defaults[self.kind]
 
 
+class PricingSpec(_Strict):
+    """What the model costs, for the estimated cost in the infer asset's metadata (local models: leave at 0)."""
+
+    input_per_million_tokens: float = Field(default=0.0, ge=0, description="Price (USD) of 1M prompt tokens.")
+    output_per_million_tokens: float = Field(default=0.0, ge=0, description="Price (USD) of 1M generated tokens.")
+
+    def cost(self, tokens_in: int, tokens_out: int) -> float:
+        return (tokens_in * self.input_per_million_tokens + tokens_out * self.output_per_million_tokens) / 1e6
+
+
 class ModelSpec(_Strict):
     provider: str = Field(description=f"One of: {', '.join(sorted(PROVIDERS))}.")
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="The provider resource's fields. A value {env: NAME} is read from the environment at run time "
         "(dg.EnvVar): use it for every secret.",
+    )
+    pricing: PricingSpec = Field(
+        default_factory=PricingSpec, description="Per-token prices of a paid API; the estimated cost is 0 without."
     )
 
 
@@ -233,6 +246,26 @@ class InferResourcePolicy(_Strict):
     )
 
 
+class EvaluationSpec(_Strict):
+    """A golden slice: a source column holding each row's true label, compared with the model's answer."""
+
+    label_column: str = Field(
+        description="Source column with the true label. It is read and carried to the outputs but never reaches "
+        "the model (not in the prompt, text or inputs); rows where it is empty are not scored."
+    )
+    prediction_column: str | None = Field(
+        default=None,
+        description="Column holding the model's answer (default: the structured choice / normalised label column "
+        "for generate, the label column for classify, the output column for predict).",
+    )
+    min_accuracy: float | None = Field(
+        default=None, ge=0, le=1, description="The evaluation check fails below this accuracy (0-1)."
+    )
+    severity: Literal["warn", "error"] = Field(
+        default="warn", description="How a failed evaluation check shows in Dagster (error blocks downstream).",
+    )
+
+
 class RuntimeSpec(_Strict):
     chunk_rows: int = Field(
         default=512,
@@ -267,6 +300,12 @@ class RuntimeSpec(_Strict):
         description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
         "per external endpoint ('endpoint:<host>'), 'gpu' when any partition asks for a GPU, else none "
         "(batch_assets/pools.py).",
+    )
+    progress_every_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The infer step logs rows done / total, rows/s and ETA at most this often, when another 5% of the "
+        "partition is done or a minute (6 x this) has passed; 0 logs after every chunk (tests).",
     )
 
     @model_validator(mode="after")
@@ -354,6 +393,28 @@ class PipelineSpec(_Strict):
     schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning: a schedule (optional).")
     sensor: SensorSpec | None = Field(default=None, description="A sensor on new source files (optional).")
     retries: RetrySpec = Field(default_factory=RetrySpec)
+    evaluation: EvaluationSpec | None = Field(
+        default=None, description="Score the answers against a labelled column; see docs/evaluation.md."
+    )
+
+    def model_input_columns(self) -> list[str]:
+        """predict: the columns handed to the model class; the evaluation label never is."""
+        held_out = self.evaluation.label_column if self.evaluation else None
+        return [c for c in (self.prepare.input_columns or self.source.columns) if c != held_out]
+
+    def prediction_column(self) -> str | None:
+        """The column the evaluation scores (None when the task predicts no label)."""
+        if self.evaluation and self.evaluation.prediction_column:
+            return self.evaluation.prediction_column
+        task = self.task
+        if task.kind == "generate":
+            structured = task.structured
+            if structured is not None and not structured.unnest:
+                return task.structured_column
+            return task.label_column or task.resolved_output_column()
+        if task.kind in ("classify", "classify_image", "predict"):
+            return task.resolved_output_column()
+        return None
 
     @model_validator(mode="after")
     def _cross_check(self) -> "PipelineSpec":
@@ -453,6 +514,8 @@ class PipelineSpec(_Strict):
         clash = sorted(produced & columns)
         if clash:
             problems.append(("task.output_column", f"output column(s) {clash} would overwrite source columns: rename"))
+        if self.evaluation is not None:
+            problems += self._evaluation_problems(columns, known)
         if self.sink.format == "csv" and task.kind in ("embed", "embed_image"):
             problems.append(("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl"))
         problems += self._sink_problems()
@@ -472,6 +535,24 @@ class PipelineSpec(_Strict):
                              + (f" or {self.prepare.id_column}" if self.prepare.id_column else "")))
         if sink.table is not None and not NAME_RE.match(sink.table):
             problems.append(("sink.table", f"{sink.table!r} must match {NAME_RE.pattern}"))
+        return problems
+
+    def _evaluation_problems(self, columns: set[str], known: str) -> list[tuple[str, str]]:
+        label = self.evaluation.label_column  # type: ignore[union-attr]
+        prep = self.prepare
+        if label not in columns:
+            return [("evaluation.label_column", f"column {label!r} is not in source.columns ({known})")]
+        # The golden label must never reach the model: a prompt, text or input that holds it is an answer key.
+        uses = {
+            "prepare.template": label in prep.template_fields(),
+            "prepare.text_column": prep.text_column == label,
+            "prepare.input_columns": label in (prep.input_columns or []),
+            "prepare.image_columns": label in prep.image_columns,
+        }
+        problems = [(field, f"uses the evaluation label column {label!r}: the model would see the answer")
+                    for field, used in uses.items() if used]
+        if self.task.kind in ("embed", "embed_image"):
+            problems.append(("evaluation", f"task {self.task.kind!r} predicts no label to score"))
         return problems
 
 
