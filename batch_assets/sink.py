@@ -79,7 +79,16 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     return PartitionReport(key, counts["rows_in"], rows, time.perf_counter() - start, url,
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
                             "dead_letters_path": dl_url},
-                           rows_with_errors=counts["errors"], schema=out_schema, preview=markdown_preview(head, columns))
+                           rows_with_errors=counts["errors"], schema=_written_schema(spec, url, out_schema),
+                           preview=markdown_preview(head, columns))
+
+
+def _written_schema(spec: PipelineSpec, url: str, out_schema: pa.Schema) -> pa.Schema:
+    """The schema as written: the vector-store table's own (with its partition column), else the sink columns."""
+    if spec.sink.format != "lancedb":
+        return out_schema
+    database, table, _ = lance_sink.parse_partition_url(url)
+    return lance_sink.connect(database).open_table(table).schema
 
 
 def source_fingerprint(raw_url: str) -> RowIdFingerprint:

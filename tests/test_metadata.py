@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -24,7 +25,9 @@ from tests.providers.conftest import llama_server  # noqa: F401  (session fixtur
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
+COMPONENTS_DIR = PIPELINES_DIR.parent / "defs"
+# Spec files, and pipelines declared as Dagster Components (defs/<name>/defs.yaml, the same fields as `attributes`)
+EXAMPLES = sorted([p.stem for p in PIPELINES_DIR.glob("*.yaml")] + [p.parent.name for p in COMPONENTS_DIR.glob("*/defs.yaml")])
 STAGES = ("raw", "prepared", "inferred", "output")
 # Enough rows to have something in each of two partitions; one row per partition for the CPU LLMs (SmolLM2 via
 # transformers), whose load and grammar compilation already take most of their test's time.
@@ -33,7 +36,9 @@ DEFAULT_ROWS = 8
 
 
 def example_spec(name: str, data: Path) -> PipelineSpec:
-    raw = yaml.safe_load((PIPELINES_DIR / f"{name}.yaml").read_text())
+    path = PIPELINES_DIR / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text()) if path.exists() else \
+        yaml.safe_load((COMPONENTS_DIR / name / "defs.yaml").read_text())["attributes"]
     raw["source"]["path"] = raw["source"]["path"].replace("data/samples", str(data))
     raw["source"]["sample_rows"] = SAMPLE_ROWS.get(name, DEFAULT_ROWS)
     return parse_spec(raw)
@@ -65,10 +70,14 @@ def _is(md: dict[str, Any], key: str, kind: type) -> Any:
 
 def written_table(spec: PipelineSpec, md: dict[str, Any]):
     path = md["path"].value
-    assert Path(path).exists()
-    if path.endswith(".parquet"):
-        return pq.read_table(path)
-    raise AssertionError(f"unexpected file type {path}")
+    if spec.sink.format == "lancedb" and ".lance#partition=" in path:
+        from batch_assets import lance_sink
+
+        database, table, key = lance_sink.parse_partition_url(path)
+        return lance_sink.connect(database).open_table(table).to_arrow().filter(
+            pc.equal(pc.field(lance_sink.PARTITION_COLUMN), key))
+    assert Path(path).exists() and path.endswith(".parquet"), path
+    return pq.read_table(path)
 
 
 def check_common(md: dict[str, Any], table, stage: str) -> None:
