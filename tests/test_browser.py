@@ -1,0 +1,152 @@
+"""The UI flow a newcomer follows, in a real headless Chromium against `make ui` (the real `dg dev`: webserver and daemon):
+open the example pipeline's job, launch one partition from the Materialize dialog, wait for the backfill to
+succeed, then read the output asset's page (row count, sample-output table, column schema) and the inferred
+asset's passing exactly-once check.
+Saves the screenshot the README shows (docs/img/asset-page.png).
+
+Chromium is Debian's (`make install-test` installs it); Playwright drives it through executable_path because
+Playwright's own browser download cannot run on these machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = ROOT / "docs" / "img" / "asset-page.png"
+PIPELINE, PARTITION = "document_embeddings", "shard-00-of-04"
+SHARDS = [f"shard-{i:02d}-of-04" for i in range(4)]
+pytestmark = pytest.mark.slow
+
+
+def _graphql(port: int, query: str) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["data"]
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            data = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }")
+            if data["repositoriesOrError"].get("nodes"):
+                return
+        except (OSError, KeyError, TypeError, ValueError):
+            pass
+        time.sleep(1)
+    raise AssertionError("dg dev did not become ready:\n" + log.read_text()[-3000:])
+
+
+def _run_statuses(port: int) -> list[str]:
+    """Statuses of the pipeline job's runs, newest first (sensors of other example pipelines launch runs too)."""
+    data = _graphql(port, '{ runsOrError(filter: {pipelineName: "%s_job"}) { ... on Runs { results { status } } } }'
+                    % PIPELINE)
+    return [r["status"] for r in data["runsOrError"]["results"]]
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is missing: run `make install-test`")
+def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    home, store = tmp_path / "home", tmp_path / "store"
+    home.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    # The example spec as shipped, alone: other examples' sensors would queue runs ahead of ours.
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    shutil.copyfile(ROOT / "batch_assets" / "pipelines" / f"{PIPELINE}.yaml", pipelines / f"{PIPELINE}.yaml")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_STORAGE_ROOT": str(store),
+           "BATCH_PIPELINES_DIR": str(pipelines)}
+    port = free_port()
+    log = tmp_path / "dg-dev.log"
+    with open(log, "w") as out:
+        # The README's `make ui` (dg dev: webserver + daemon), on a free port.
+        proc = subprocess.Popen(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(port, proc, log)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                      "--disable-component-update", "--no-first-run"])
+            context = browser.new_context(viewport={"width": 1400, "height": 1100})
+            context.add_init_script("window.localStorage.setItem('communityNux', '1')")  # no newsletter pop-up
+            page = context.new_page()
+            base = f"http://127.0.0.1:{port}"
+
+            try:
+                page.goto(f"{base}/locations/batch_assets/jobs/{PIPELINE}_job")
+                page.get_by_role("button", name="Materialize all").first.click()
+                # "All", then "Custom": the custom list starts with every partition; remove all but one.
+                page.get_by_role("button", name="All", exact=True).click()
+                page.get_by_role("button", name="Custom").click()
+                for key in (k for k in SHARDS if k != PARTITION):
+                    page.locator(f'[data-tooltip="{key}"]').get_by_role("img", name="close").click()
+                expect(page.get_by_text("1 partition", exact=True)).to_be_visible()
+                page.get_by_role("button", name=re.compile(r"^Launch (1 run|backfill)$")).click()
+
+                deadline = time.monotonic() + 420  # the daemon picks the backfill up, then one run of 4 steps
+                statuses: list[str] = []
+                while time.monotonic() < deadline:
+                    statuses = _run_statuses(port)
+                    if statuses and statuses[0] in ("SUCCESS", "FAILURE", "CANCELED"):
+                        break
+                    time.sleep(3)
+                assert statuses and statuses[0] == "SUCCESS", (statuses, log.read_text()[-3000:])
+                assert (store / PIPELINE / "output" / f"{PARTITION}.parquet").exists()
+
+                rows = pq.ParquetFile(store / PIPELINE / "output" / f"{PARTITION}.parquet").metadata.num_rows
+
+                # The Checks tab of the inferred asset: the blocking exactly-once check passed.
+                page.goto(f"{base}/assets/{PIPELINE}/inferred?view=checks")
+                expect(page.get_by_text("rows_exactly_once").first).to_be_visible(timeout=60_000)
+                expect(page.get_by_text("Passed").first).to_be_visible()
+                check = _graphql(port, '{ assetNodeOrError(assetKey: {path: ["%s", "inferred"]}) { ... on AssetNode {'
+                                 ' assetChecksOrError { ... on AssetChecks { checks { name'
+                                 ' executionForLatestMaterialization { status } } } } } } }' % PIPELINE)
+                checks = check["assetNodeOrError"]["assetChecksOrError"]["checks"]
+                status = {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status") for c in checks}
+                assert status["rows_exactly_once"] == "SUCCEEDED", status
+
+                # The overview: row count (dagster/row_count), column schema (dagster/column_schema) and the
+                # sample-output table (the preview metadata).
+                page.goto(f"{base}/assets/{PIPELINE}/output")
+                body = page.locator("body")
+                expect(body).to_contain_text("Row count", timeout=60_000)
+                expect(body).to_contain_text(f"{rows:,}")
+                expect(body).to_contain_text("Columns")
+                for column in ("doc_id", "embedding", "error"):
+                    expect(page.get_by_text(column, exact=True).first).to_be_visible()
+                preview = page.locator("table").filter(has_text="Travel note")
+                expect(preview.first).to_be_visible()
+                SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SCREENSHOT), full_page=False)
+            except BaseException:
+                page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)  # what the UI showed
+                raise
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
