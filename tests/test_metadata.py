@@ -41,6 +41,9 @@ def example_spec(name: str, data: Path) -> PipelineSpec:
         yaml.safe_load((COMPONENTS_DIR / name / "defs.yaml").read_text())["attributes"]
     raw["source"]["path"] = raw["source"]["path"].replace("data/samples", str(data))
     raw["source"]["sample_rows"] = SAMPLE_ROWS.get(name, DEFAULT_ROWS)
+    # The tiny CPU LLM fails some rows (quote_classification's JSON): here that is data for error_rate, not a reason
+    # for the blocking error_rate check to stop the run before the metadata under test is written.
+    raw.setdefault("runtime", {})["max_error_fraction"] = 1.0
     return parse_spec(raw)
 
 
