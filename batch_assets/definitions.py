@@ -2,7 +2,8 @@
 pipelines declared as Dagster Components under batch_assets/defs/ (`BatchInferencePipeline` defs.yaml files).
 
 Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several) instead of both
-built-in places (tests and deployments that bring their own pipelines).
+built-in places (tests and deployments that bring their own pipelines). BATCH_EXECUTOR chooses the local
+executor (batch_assets/executors.py).
 
 Each spec is loaded and built on its own: a broken spec (invalid YAML or fields, a duplicate name, a source that
 cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from batch_assets.executors import local_executor
 from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
 from batch_assets.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
@@ -118,11 +120,12 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     for b in broken:
         name = _asset_name(b.origin)
         names.append(name if name not in names else f"{name}_{len(names)}")
-    executor = None
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
         from batch_assets.k8s_executor import batch_k8s_executor
 
         executor = batch_k8s_executor(specs)
+    else:
+        executor = local_executor()  # in_process by default; see batch_assets/executors.py
     shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
     return dg.Definitions.merge(shared, *per_pipeline)

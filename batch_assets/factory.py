@@ -14,6 +14,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import dagster as dg
@@ -33,7 +34,7 @@ from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, r
 from batch_assets.sample_data import ensure_sample
 from batch_assets.secrets import resource_config
 from batch_assets.sink import run_write
-from batch_assets.sources import run_read
+from batch_assets.sources import run_read, run_read_shards
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
 from resources.base import resolve_device
@@ -219,6 +220,33 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     return md
 
 
+def run_partitions_together(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[list[str]], list[PartitionReport]]
+) -> list[PartitionReport]:
+    """Like `run_partitions` (each partition under its lock; bad input fails without retries), for a stage that
+    handles every partition of the run in one pass: all or none of them are committed."""
+    keys = context.partition_keys
+    root = getattr(context.resources, STORAGE_KEY).resolved_root()
+    try:
+        with ExitStack() as locks:
+            for key in keys:
+                locks.enter_context(partition_lock(root, spec.name, context.asset_key.path[-1], key,
+                                                   on_wait=context.log.info))
+            reports = stage_fn(keys)
+    except PipelineError as exc:
+        located = exc.located(pipeline=spec.name)
+        if getattr(exc, "retryable", False):
+            raise located from None
+        raise dg.Failure(description=str(located), metadata={"pipeline": spec.name, "partitions": ", ".join(keys),
+                                                             "file": located.file or ""},
+                         allow_retries=False) from located
+    for report in reports:
+        if report.schema is None and report.path.endswith(".parquet"):
+            report.schema = parquet_schema(report.path)
+        context.add_asset_metadata(partition_metadata(report), partition_key=report.key)
+    return reports
+
+
 def _stage_asset(
     spec: PipelineSpec,
     stage: str,
@@ -269,7 +297,18 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             report.preview = preview_of(report.path, spec.source.columns[:8])
             return report
 
-        return dg.MaterializeResult(metadata=run_totals(run_partitions(context, spec, one)))
+        def together(keys: list[str]) -> list[PartitionReport]:
+            reports = run_read_shards(spec, storage, keys)
+            for report in reports:
+                report.preview = preview_of(report.path, spec.source.columns[:8])
+            return reports
+
+        if spec.partitioning.kind == "hash" and len(context.partition_keys) > 1:
+            # Every hash shard reads the whole source: the shards of one run share a single read.
+            reports = run_partitions_together(context, spec, together)
+        else:
+            reports = run_partitions(context, spec, one)
+        return dg.MaterializeResult(metadata=run_totals(reports))
 
     @_stage_asset(spec, "prepared", pdef,
                   "Prepare: renders each row's model input (prompt template / text column), flags empty inputs "

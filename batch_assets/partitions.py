@@ -163,18 +163,34 @@ def _require(files: list[str], spec: PipelineSpec, key: str, pattern: str) -> li
 
 
 def stable_hash64(values: list[str]) -> np.ndarray:
-    """A hash of each row id that is the same in every process and Python version (unlike hash())."""
-    return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(v.encode("utf-8"), digest_size=8).digest(), "little") for v in values),
-        dtype=np.uint64,
-        count=len(values),
-    )
+    """A hash of each row id that is the same in every process and Python version (unlike hash()).
+
+    blake2b-64 of the UTF-8 id, read little-endian: shard assignment of existing data depends on these exact
+    values, so the function never changes. Computed once per row, in the read stage (`ROW_HASH` column); the
+    digests are joined and viewed as one uint64 array instead of converting each to a Python int."""
+    blake = hashlib.blake2b
+    digests = b"".join([blake(v.encode("utf-8"), digest_size=8).digest() for v in values])
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+ROW_HASH = "_row_hash"
+
+
+def row_hashes(batch: pa.RecordBatch) -> np.ndarray:
+    """The row ids' stable hashes: the `_row_hash` column the read stage carries (files written before it
+    existed: computed from `row_id`)."""
+    if ROW_HASH in batch.schema.names:
+        return batch.column(ROW_HASH).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    return stable_hash64(batch.column("row_id").to_pylist())
+
+
+def shard_of(hashes: np.ndarray, count: int) -> np.ndarray:
+    return hashes % np.uint64(count)
 
 
 def _hash_filter(index: int, count: int) -> RowFilter:
     def keep(batch: pa.RecordBatch) -> np.ndarray:
-        ids = batch.column("row_id").to_pylist()
-        return stable_hash64(ids) % np.uint64(count) == np.uint64(index)
+        return shard_of(row_hashes(batch), count) == np.uint64(index)
 
     return keep
 

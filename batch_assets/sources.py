@@ -7,8 +7,11 @@ Each yields record batches holding the declared columns plus `row_id`, `_source_
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -16,20 +19,20 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import PartitionSlice
+from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, shard_of, stable_hash64
 from batch_assets.report import PartitionReport
 from batch_assets.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
 
-LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row")
+# `_row_hash` is the row id's stable 64-bit hash (the one hash shards are assigned by), computed once here and
+# carried: shard routing and the infer step's rows check read it instead of hashing the id again.
+LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row", ROW_HASH)
 _BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
 
 
 def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
-    import time
-
     from batch_assets.partitions import resolve_partition
     from batch_assets.prepare import check_unique
     start = time.perf_counter()
@@ -49,6 +52,43 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
     return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
                            {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes})
+
+
+def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
+    """The read stage for several hash shards of one run: every shard reads the whole source, so read it once
+    and route each row to its shard's `raw` file by the hash already computed for its id. Each shard's file is
+    still committed atomically, and only if the whole read succeeded; a row lands in exactly the shard that
+    `run_read` would have put it in (same hash, same modulus)."""
+    from batch_assets.partitions import resolve_partition
+    from batch_assets.prepare import check_unique
+    start = time.perf_counter()
+    count = spec.partitioning.count or 1
+    index = {k: hash_shard_keys(count).index(k) for k in keys}
+    files = resolve_partition(spec, keys[0]).files
+    scope = PartitionSlice(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", files)
+    urls = {k: storage.stage_url(spec.name, "raw", k) for k in keys}
+    source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
+    unique = {k: UniqueIdChecker() for k in keys}
+    scanned = [0]
+    with ExitStack() as stack:
+        writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
+        for batch in read_partition(spec, scope, scanned):
+            shards = shard_of(batch.column(ROW_HASH).to_numpy(), count)
+            for k, i in index.items():
+                mask = shards == np.uint64(i)
+                if mask.any():
+                    part = batch.filter(pa.array(mask))
+                    source_ids[k].add(part)
+                    unique[k].add(part)
+                    writers[k].write(part)
+        for k in keys:  # still inside every write: a repeated id commits no shard
+            check_unique(unique[k], lambda k=k: read_partition(spec, resolve_partition(spec, k)))
+            writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
+    share = (time.perf_counter() - start) / len(keys)  # one shared read: each shard is charged its share
+    # rows_in: the source rows scanned (once, for every shard), as `run_read` reports for a shard read alone
+    return [PartitionReport(k, scanned[0], writers[k].rows, share, urls[k],
+                            {"source_files": len(files), "read_shared_by": len(keys),
+                             "row_id_check_bytes": unique[k].nbytes}) for k in keys]
 
 
 def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None
@@ -71,7 +111,7 @@ def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] 
 def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:
     fields = [source_schema.field(c) for c in spec.source.columns]
     return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("_source_file", pa.string()),
-                               pa.field("_source_row", pa.int64())])
+                               pa.field("_source_row", pa.int64()), pa.field(ROW_HASH, pa.uint64())])
 
 
 def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
@@ -93,11 +133,13 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
             _check_text_types(spec, batch, next_row)
             checked = batch.schema
         n = batch.num_rows
-        rows = pa.array(range(next_row, next_row + n), type=pa.int64())
+        rows = pa.array(np.arange(next_row, next_row + n, dtype=np.int64))
         ids = _row_ids(spec, url, batch, rows)
+        hashes = pa.array(stable_hash64(ids.to_pylist()), pa.uint64())
         next_row += n
         yield pa.RecordBatch.from_arrays(
-            [batch.column(c) for c in spec.source.columns] + [ids, pa.array([url] * n, pa.string()), rows],
+            [batch.column(c) for c in spec.source.columns]
+            + [ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes],
             names=[*spec.source.columns, *LINEAGE_COLUMNS],
         )
 

@@ -116,6 +116,10 @@ class TransformersGenerator(ModelResource):
                 torch.manual_seed(params.seed)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            # generate() stops each row at its first stop string instead of decoding up to max_new_tokens and
+            # cutting afterwards; the text is still cut before the stop string (OpenAI's `stop` semantics).
+            kwargs.update(stop_strings=list(params.stop), tokenizer=self.loaded.tokenizer)
         return kwargs
 
     def shared_prefix(self, rows: list[list[int]]) -> tuple[list[int], Any] | None:
@@ -148,8 +152,6 @@ class TransformersGenerator(ModelResource):
         """New tokens for each prompt of one batch. With a cached prefix the batch is laid out as
         [prefix | padding | own tokens]: positions come from the attention mask, so each row's own tokens continue
         right after the prefix, and only they are prefilled."""
-        import copy
-
         import torch
 
         loaded = self.loaded
@@ -165,8 +167,7 @@ class TransformersGenerator(ModelResource):
             pad = tok.pad_token_id
             input_ids = [head + [pad] * (width - len(o)) + o for o in own]
             mask = [[1] * len(head) + [0] * (width - len(o)) + [1] * len(o) for o in own]
-            batch_cache = copy.deepcopy(cache)
-            batch_cache.batch_repeat_interleave(len(rows))
+            batch_cache = _batch_cache(cache, len(rows), loaded.model.config)
             inputs = {
                 "input_ids": torch.tensor(input_ids, device=loaded.device),
                 "attention_mask": torch.tensor(mask, device=loaded.device),
@@ -192,12 +193,14 @@ class TransformersGenerator(ModelResource):
         results, runnable = self.plan_batches(ids, params)
         gen_kwargs = self.sampling_kwargs(params)
         prefix = self.shared_prefix([ids[i] for i in runnable])
+        # A row stopped by a stop string is padded from there on, like one that reached end-of-sequence.
+        ends = loaded.eos_ids | {loaded.tokenizer.pad_token_id} if params.stop else loaded.eos_ids
         for start in range(0, len(runnable), self.batch_size):
             idx = runnable[start : start + self.batch_size]
             processors = [make_processor(len(idx))] if make_processor else None
             new_tokens = self.generate_batch([ids[i] for i in idx], gen_kwargs, prefix, processors)
             for row, i in zip(new_tokens, idx):
-                n = _count_until_eos(row, loaded.eos_ids)
+                n = _count_until_eos(row, ends)
                 text = _cut_at_stop(loaded.tokenizer.decode(row[:n], skip_special_tokens=True), params.stop)
                 results[i] = finish(len(ids[i]), row, n, text)
         return [r for r in results if r is not None]
@@ -208,6 +211,15 @@ class TransformersGenerator(ModelResource):
             params,
             lambda prompt_tokens, _row, n, text: Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=n),
         )
+
+
+def _batch_cache(cache: Any, rows: int, config: Any) -> Any:
+    """The prefix's key/value cache for a batch of `rows`: a new cache filled from broadcast views of the shared
+    tensors (one copy, at batch size), leaving the shared cache untouched for the next batch (no deep copy)."""
+    from transformers import DynamicCache
+
+    layers = [(k.expand(rows, *k.shape[1:]), v.expand(rows, *v.shape[1:])) for k, v, *_ in cache]
+    return DynamicCache(ddp_cache_data=layers, config=config)
 
 
 def _count_until_eos(tokens: list[int], eos_ids: frozenset[int]) -> int:

@@ -48,3 +48,13 @@ def test_constrained_choices_identical_and_never_cut_off(generators) -> None:
     b = plain.generate(_conversations(), params)
     assert [g.text for g in a] == [g.text for g in b]
     assert all(g.error is None and g.text in LABELS for g in a)
+
+
+def test_stop_strings_end_generation_early_and_are_cut(generators) -> None:
+    cached, _ = generators
+    free = cached.generate(_conversations(), GenerationParams(max_new_tokens=12))
+    stopped = cached.generate(_conversations(), GenerationParams(max_new_tokens=12, stop=(" ",)))
+    # the same greedy answer, cut before the first stop string: stopping early changes no earlier token
+    assert [g.text for g in stopped] == [g.text.split(" ")[0] for g in free]
+    assert all(s.completion_tokens <= f.completion_tokens for s, f in zip(stopped, free))
+    assert sum(s.completion_tokens for s in stopped) < sum(f.completion_tokens for f in free)
