@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_assets.infer_tasks import ERROR_COLUMN, declared_output_types
-from batch_assets.partitions import resolve_partition, stable_hash64
+from batch_assets.partitions import resolve_partition, row_hashes, stable_hash64
 from batch_assets.report import PartitionReport
 from batch_assets.sources import read_partition
 from batch_assets.spec import PipelineSpec
@@ -38,18 +38,20 @@ class RowDigest:
     mixed: int = 0
 
     def add(self, ids: list[str]) -> None:
-        h = stable_hash64(ids)
+        self.add_hashes(stable_hash64(ids))
+
+    def add_hashes(self, h: np.ndarray) -> None:
         with np.errstate(over="ignore"):
             m = (h ^ (h >> np.uint64(31))) * _MIX
             self.total = (self.total + int(h.sum(dtype=np.uint64))) % 2**64
             self.mixed = (self.mixed + int(m.sum(dtype=np.uint64))) % 2**64
-        self.count += len(ids)
+        self.count += len(h)
 
 
 def source_digest(spec: PipelineSpec, key: str) -> RowDigest:
     digest = RowDigest()
     for batch in read_partition(spec, resolve_partition(spec, key)):
-        digest.add(batch.column("row_id").to_pylist())
+        digest.add_hashes(row_hashes(batch))  # hashed by this read itself (`_row_hash`), not a second time
     return digest
 
 
