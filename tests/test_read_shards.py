@@ -12,9 +12,9 @@ import pytest
 
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import ROW_HASH, hash_shard_keys, stable_hash64
-from batch_assets.prepare import RowIdTracker
+from batch_assets.row_ids import FINGERPRINT_KEY
 from batch_assets.sources import run_read, run_read_shards
-from batch_assets.storage import ArrowStorage, read_batches
+from batch_assets.storage import ArrowStorage, parquet_footer_metadata, read_batches
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, write_jsonl
 
 
@@ -72,16 +72,21 @@ def test_shared_read_commits_no_shard_when_a_file_fails(tmp_path: Path) -> None:
     assert not any(Path(storage.stage_url("docs", "raw", k)).exists() for k in hash_shard_keys(3))
 
 
-def test_duplicate_row_id_across_batches_is_named() -> None:
-    def batch(ids: list[str]) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pydict({"row_id": ids, "_source_file": ["f.jsonl"] * len(ids),
-                                           "_source_row": list(range(1, len(ids) + 1)),
-                                           ROW_HASH: pa.array(stable_hash64(ids), pa.uint64())})
+def test_shared_read_checks_each_shard_like_a_read_alone(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_jsonl(data / "one.jsonl", docs_rows("x", 30))
+    spec = _spec(data)
+    keys = hash_shard_keys(3)
+    alone, shared = ArrowStorage(root=str(tmp_path / "alone")), ArrowStorage(root=str(tmp_path / "shared"))
+    for k in keys:
+        run_read(spec, alone, k)
+    run_read_shards(spec, shared, keys)
+    for k in keys:  # the source fingerprint the write stage checks against is the same either way
+        assert (parquet_footer_metadata(shared.stage_url("docs", "raw", k))[FINGERPRINT_KEY]
+                == parquet_footer_metadata(alone.stage_url("docs", "raw", k))[FINGERPRINT_KEY])
 
-    tracker = RowIdTracker()
-    tracker.add(batch(["a", "b", "c"]))
-    with pytest.raises(PipelineError, match=r"row id 'b' appears more than once") as err:
-        tracker.add(batch(["d", "b"]))
-    assert err.value.row == 2
-    with pytest.raises(PipelineError, match=r"row id 'e' appears more than once"):
-        RowIdTracker().add(batch(["e", "f", "e"]))
+    write_jsonl(data / "two.jsonl", [{"doc_id": "x7", "text": "a second x7"}])  # a repeated id
+    again = ArrowStorage(root=str(tmp_path / "again"))
+    with pytest.raises(PipelineError, match="row id 'x7' appears more than once"):
+        run_read_shards(spec, again, keys)
+    assert not any(Path(again.stage_url("docs", "raw", k)).exists() for k in keys)
