@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -121,13 +122,11 @@ class ModelResource(dg.ConfigurableResource):
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self._model = None
         gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        # Only a provider that already imported torch can hold GPU memory; importing it here would cost an API-only
+        # run (openai provider) seconds at teardown for nothing (seen in the API path's profile, docs/BENCHMARKS.md).
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     @property
     def loaded(self) -> Any:
