@@ -154,9 +154,12 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
                   f"partitions × {orch['rows_per_partition']} rows", ""]
         lines += _variants_table(orch, [("model_loads", "model loads", "s")])
         r = orch.get("ratios", {})
-        lines += ["", f"Seconds per partition beyond model compute (in_process): "
-                  f"{_fmt(r.get('seconds_per_partition_beyond_model_compute'), 2)} "
-                  "(= (backfill wall − 1-partition wall) ÷ (partitions − 1) − raw encode of one partition)."]
+        lines += ["", f"Seconds per extra partition in one run (in_process): {_fmt(r.get('seconds_per_extra_partition'), 2)}"
+                  f" = (backfill wall − 1-partition wall) ÷ (partitions − 1); beyond model compute: "
+                  f"{_fmt(r.get('seconds_per_partition_beyond_model_compute'), 2)} (model compute of one partition "
+                  f"= {_fmt(orch.get('model_compute_per_partition_s'), 2)} s at the raw script's steady encode rate "
+                  "from the embed section). Peak RSS under multiprocess is the CLI process only: its step processes "
+                  "are children of the forkserver."]
     for name, section in results.items():
         if "error" in section:
             lines += ["", f"Section `{name}` failed: see bench/results/{name}.json."]
@@ -175,3 +178,19 @@ def write_doc(meta: dict[str, Any], results: dict[str, Any]) -> None:
         DOC.parent.mkdir(parents=True, exist_ok=True)
         text = "# Benchmarks\n\n## Latest results\n\n" + block + "\n"
     DOC.write_text(text)
+
+
+if __name__ == "__main__":
+    # Re-render docs/BENCHMARKS.md from bench/results/*.json (e.g. after changing this file), without re-running.
+    import json
+    import sys
+
+    from common import RESULTS
+
+    sys.path.insert(0, str(RESULTS.parent))
+    from run import SECTIONS, _steady_state_overhead
+
+    meta = json.loads((RESULTS / "meta.json").read_text())
+    results = {n: json.loads((RESULTS / f"{n}.json").read_text()) for n in SECTIONS if (RESULTS / f"{n}.json").exists()}
+    _steady_state_overhead(results)
+    write_doc(meta, results)
