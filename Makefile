@@ -70,7 +70,7 @@ test-fast: install-test
 	$(BIN)/pytest -q -ra -m "not slow"
 
 # Benchmarks (docs/BENCHMARKS.md): our pipeline vs a raw script, Daft and Ray Data, each a whole process,
-# interleaved and repeated. BENCH_PROFILE=quick (default, ~15 min on 2 cores) | full; BENCH_PEERS=0 skips the peers.
+# interleaved and repeated. BENCH_PROFILE=quick (default) | full; BENCH_PEERS=0 skips the peers (docs/BENCHMARKS.md).
 # Daft pins pyarrow<26, so the peers get their own virtualenv (bench/.venv-peers), built once from the registry.
 PEERS_VENV := bench/.venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed

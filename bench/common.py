@@ -35,7 +35,7 @@ def _float(name: str, default: float) -> float:
 
 @dataclass
 class Knobs:
-    """Sizes, from the environment. BENCH_PROFILE=quick (~10-15 min on 2 cores) or full (the issue's sizes)."""
+    """Sizes, from the environment. BENCH_PROFILE=quick (default), full (the issue's sizes) or tiny (smoke test)."""
 
     profile: str = os.environ.get("BENCH_PROFILE", "quick")
     repeats: int = 0

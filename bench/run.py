@@ -1,7 +1,7 @@
 """`make bench`: every variant of every job as a whole process, interleaved and repeated, in one run.
 
 Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory.
-Sizes: BENCH_PROFILE=quick (default, ~15 min on 2 cores) | full (the issue's sizes) | tiny (smoke test), and
+Sizes: BENCH_PROFILE=quick (default) | full (the issue's sizes) | tiny (smoke test), and
 BENCH_DOCS, BENCH_PROMPTS, BENCH_API_REQUESTS, BENCH_API_LATENCY, BENCH_REPEATS, ... (bench/common.py).
 BENCH_PEERS=0 skips Daft and Ray (no peers virtualenv needed).
 
