@@ -89,7 +89,9 @@ def _check_metadata(name: str) -> dict:
 
 def _summary(name: str, elapsed: float) -> None:
     inferred, output = _latest(name, "inferred"), _latest(name, "output")
-    parts = [f"{output.get('dagster/row_count', output.get('rows_out'))} rows",
+    # Metadata is per partition; a run over several partitions also records run-wide totals (run_rows_out).
+    rows = output.get("run_rows_out", output.get("dagster/row_count", output.get("rows_out")))
+    parts = [f"{rows} rows",
              f"model {inferred.get('model')}", f"{inferred.get('rows_per_s')} rows/s in the infer step"]
     if "rows_with_errors" in inferred:
         parts.append(f"{inferred['rows_with_errors']} row errors")
