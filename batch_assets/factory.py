@@ -38,6 +38,7 @@ from batch_assets.sources import run_read, run_read_shards
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
 from resources.base import resolve_device
+from resources.errors import ModelLoadError
 from resources.registry import provider_class
 
 # BackfillPolicy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
@@ -190,7 +191,9 @@ def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
     if isinstance(device, str):
         try:
             return resolve_device(device)
-        except ImportError:
+        except (ImportError, ModelLoadError):
+            # Metadata only describes the device: the provider loaded (or chose not to use torch), so a device
+            # that cannot be resolved here is reported as configured instead of failing a finished step.
             return device
     return "n/a"
 

@@ -179,13 +179,59 @@ class _Pending:
     inputs_digest: str
 
 
+class DaemonCallPool:
+    """A fixed set of worker threads running provider calls in submission order, like ThreadPoolExecutor, but on
+    daemon threads: a call still running when its step failed (a hung endpoint, a stuck user model) is abandoned
+    instead of joined when the interpreter exits (ThreadPoolExecutor joins its workers at exit, so one stuck call
+    would keep the run worker from ever exiting)."""
+
+    def __init__(self, workers: int, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
 def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
     """Compute and commit every chunk not already committed; returns the number of chunks of the partition."""
     chunk_rows = spec.runtime.chunk_rows
     params = generation_params(spec) if spec.task.kind == "generate" else None
     inputs = model_input_columns(spec)
     workers = calls_in_flight(provider, chunk_rows)
-    calls = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infer-call")
+    calls = DaemonCallPool(workers, name="infer-call")
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
     pending: deque[_Pending] = deque()
     committing: deque[Future] = deque()

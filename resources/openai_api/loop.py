@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -19,19 +20,38 @@ class BackgroundLoop:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
+        # Calls still waiting when the loop closes must be released, not left waiting on a loop that will never
+        # run their coroutine again: a caller blocked forever (e.g. a chunk call still running when its step
+        # failed and the provider was torn down) would also keep the interpreter from exiting.
+        self._waiting: set[concurrent.futures.Future] = set()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("BackgroundLoop.run called from its own loop thread: await the coroutine instead")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise RuntimeError("the provider's event loop is closed: the provider was torn down")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._waiting.add(future)
         try:
             return future.result()
         except BaseException:
             future.cancel()  # e.g. KeyboardInterrupt in the caller: stop the requests instead of orphaning them
             raise
+        finally:
+            with self._lock:
+                self._waiting.discard(future)
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            waiting = list(self._waiting)
+        for future in waiting:
+            future.cancel()  # wakes the waiting caller at once; the coroutine is cancelled if the loop still runs
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
