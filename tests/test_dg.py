@@ -63,8 +63,7 @@ def test_scaffolded_component_pipeline_materializes(tmp_path: Path) -> None:
 
         shards = hash_shard_keys(2)
         env = {"DAGSTER_HOME": str(home), "BATCH_STORAGE_ROOT": str(store)}
-        _dg("launch", "--assets", f"group:{name}", "--partition-range", f"{shards[0]}...{shards[1]}",
-            "--config-json", json.dumps({"execution": {"config": {"in_process": {}}}}), env=env)
+        _dg("launch", "--assets", f"group:{name}", "--partition-range", f"{shards[0]}...{shards[1]}", env=env)
         rows = sum(pq.read_table(store / name / "output" / f"{s}.parquet").num_rows for s in shards)
         assert rows == 6
     finally:
