@@ -38,6 +38,11 @@ def test_generate_pipeline_several_partitions_one_run(tmp_path: Path) -> None:
             assert r["error"] is None and r["industry"] in labels  # constrained decoding: always a label
             assert r["generated_text"] == r["industry"]
             assert r["prompt_tokens"] > 10 and 1 <= r["completion_tokens"] <= 6
-    md = [e.event_specific_data.materialization.metadata for e in result.all_events
-          if e.event_type_value == "ASSET_MATERIALIZATION" and e.asset_key == dg.AssetKey(["companies", "inferred"])][0]
-    assert md["tokens_in"].value > 50 and md["tokens_out"].value >= 5 and md["rows_with_errors"].value == 1
+    md = {e.event_specific_data.materialization.partition: e.event_specific_data.materialization.metadata
+          for e in result.all_events
+          if e.event_type_value == "ASSET_MATERIALIZATION" and e.asset_key == dg.AssetKey(["companies", "inferred"])}
+    assert set(md) == {"p0", "p1", "p2"}  # metadata per partition, not one blob for the run
+    assert md["p0"]["rows_with_errors"].value == 0 and md["p1"]["rows_with_errors"].value == 1
+    assert md["p0"]["tokens_in"].value > 25 and md["p1"]["tokens_in"].value > 15  # p1 sends two rows, not three
+    assert md["p0"]["tokens_out"].value >= 3 and md["p1"]["tokens_out"].value >= 2
+    assert md["p2"]["tokens_in"].value == 0 and md["p2"]["dagster/row_count"].value == 0
