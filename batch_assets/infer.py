@@ -48,6 +48,7 @@ from batch_assets.infer_tasks import (
 )
 from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
+from batch_assets.token_limits import TRUNCATED_COLUMN, TokenLimit
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from resources.errors import ProviderSetupError
 from resources.protocols import GenerationParams
@@ -75,6 +76,7 @@ class InferStats:
     chunks_computed: int = 0
     chunks_reused: int = 0
     rows_reused: int = 0
+    rows_truncated: int = 0  # inputs cut to prepare.max_input_tokens
     error_samples: list[str] = field(default_factory=list)
     partition: str | None = None
     partition_rows_total: int = 0
@@ -142,9 +144,14 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
     checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
     if checkpoint.invalidated:
         log.info("partition %s: checkpoints of another setup (%s) were removed", key, ", ".join(checkpoint.invalidated))
-    before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed)
+    before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed,
+              stats.rows_truncated)
+    params = generation_params(spec) if spec.task.kind == "generate" else None
+    limit = TokenLimit.for_run(spec, provider, params)
+    if limit is not None and limit.mode == "fail":
+        limit.check_partition(src, key, spec.runtime.chunk_rows)
     try:
-        chunks = _infer_chunks(spec, provider, src, checkpoint, stats)
+        chunks = _infer_chunks(spec, provider, src, checkpoint, stats, params, limit)
     except ProviderSetupError as exc:
         raise PipelineError(
             f"{type(provider).__name__} (model {provider.model_name()!r}) cannot serve this pipeline: {exc.what}; "
@@ -158,6 +165,7 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
         "model_errors": stats.model_errors - before[2],
         "chunks_reused": stats.chunks_reused - before[3],
         "chunks_computed": stats.chunks_computed - before[4],
+        **({"rows_truncated": stats.rows_truncated - before[5]} if limit is not None else {}),
     })
 
 
@@ -225,10 +233,10 @@ class DaemonCallPool:
                 thread.join()
 
 
-def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
+def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats,
+                  params: GenerationParams | None, limit: TokenLimit | None) -> int:
     """Compute and commit every chunk not already committed; returns the number of chunks of the partition."""
     chunk_rows = spec.runtime.chunk_rows
-    params = generation_params(spec) if spec.task.kind == "generate" else None
     inputs = model_input_columns(spec)
     workers = calls_in_flight(provider, chunk_rows)
     calls = DaemonCallPool(workers, name="infer-call")
@@ -263,7 +271,7 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
             if checkpoint.reusable(index, ids_digest, inputs_digest):
                 stats.add_rows(batch.num_rows, reused=True)
                 continue
-            plan = plan_chunk(spec, batch)
+            plan = plan_chunk(spec, batch, limit)
             call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
             pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
             # one more than the workers: the next call is queued before a worker frees, so none idles
@@ -374,6 +382,8 @@ def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
         stats.model_errors += pc.sum(model_failed).as_py() or 0
         rows = table.filter(failed).slice(0, 5)
         stats.note_errors(rows.column("row_id").to_pylist(), rows.column(ERROR_COLUMN).to_pylist())
+    if TRUNCATED_COLUMN in table.column_names:
+        stats.rows_truncated += pc.sum(table.column(TRUNCATED_COLUMN)).as_py() or 0
     if spec.task.kind == "generate":
         stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
         stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
@@ -452,8 +462,9 @@ def infer_batches(spec: PipelineSpec, provider: Any, batches: Iterator[pa.Record
                   stats: InferStats) -> Iterator[pa.RecordBatch]:
     """Prepared batches in, prepared columns + outputs + `error` out, one provider call per batch, no checkpoint."""
     params = generation_params(spec) if spec.task.kind == "generate" else None
+    limit = TokenLimit.for_run(spec, provider, params)
     for batch in batches:
-        plan = plan_chunk(spec, batch)
+        plan = plan_chunk(spec, batch, limit)
         results = call_provider(provider, spec, params, plan.inputs) if len(plan.sent) else None
         if results is not None:
             check_alignment(provider, spec, len(plan.sent), results)

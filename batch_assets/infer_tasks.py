@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
+from batch_assets.token_limits import TRUNCATED_COLUMN, TokenLimit, text_column
 from resources.protocols import CAPABILITIES, GenerationParams
 
 # Columns the infer stage adds besides the task's outputs; a model may not return columns with these names.
@@ -34,6 +35,7 @@ class ChunkPlan:
     sent: np.ndarray
     inputs: Any
     errors: list[str | None]
+    truncated: list[bool] | None = None  # `input_truncated`, one per row of the chunk, when inputs are cut to a limit
 
 
 def method_name(spec: PipelineSpec) -> str:
@@ -57,16 +59,18 @@ def model_input_columns(spec: PipelineSpec) -> list[str]:
     return cols
 
 
-def plan_chunk(spec: PipelineSpec, batch: pa.RecordBatch) -> ChunkPlan:
+def plan_chunk(spec: PipelineSpec, batch: pa.RecordBatch, limit: TokenLimit | None = None) -> ChunkPlan:
     errors: list[str | None] = batch.column("_input_problem").to_pylist()
     empty = batch.column("_input_empty").to_numpy(zero_copy_only=False)
     sent = np.flatnonzero(~empty)
     kind = spec.task.kind
-    if kind in ("embed", "classify"):
-        texts = batch.column("_text").take(pa.array(sent)).to_pylist()
-        return ChunkPlan(sent, texts, errors)
-    if kind == "generate":
-        return ChunkPlan(sent, _conversations(spec, batch, sent), errors)
+    if kind in ("embed", "classify", "generate"):
+        texts = batch.column(text_column(spec)).take(pa.array(sent)).to_pylist()
+        truncated = None
+        if limit is not None:
+            texts, sent, truncated = limit.apply(texts, sent, errors, batch.num_rows)
+        inputs = texts if kind != "generate" else _conversations(spec, batch, sent, texts)
+        return ChunkPlan(sent, inputs, errors, truncated)
     if kind == "predict":
         columns = spec.model_input_columns()  # never the evaluation label
         taken = batch.select(columns).take(pa.array(sent))
@@ -123,6 +127,18 @@ def declared_output_types(spec: PipelineSpec, provider: Any) -> dict[str, pa.Dat
     """The output columns a task writes and their types, known before any row is inferred. None: the type comes
     from the model's values (predict without `task.output_types`; embeddings whose size the provider does not
     declare) and must be the same in every chunk."""
+    types = _task_output_types(spec, provider)
+    if truncates(spec):
+        types[TRUNCATED_COLUMN] = pa.bool_()
+    return types
+
+
+def truncates(spec: PipelineSpec) -> bool:
+    """Whether the output has the `input_truncated` flag column."""
+    return spec.prepare.max_input_tokens is not None and spec.prepare.too_long == "truncate"
+
+
+def _task_output_types(spec: PipelineSpec, provider: Any) -> dict[str, pa.DataType | None]:
     task = spec.task
     out = task.resolved_output_column()
     if task.kind in ("embed", "embed_image"):
@@ -156,8 +172,15 @@ def _declared_dimensions(provider: Any) -> int | None:
 def output_columns(
     spec: PipelineSpec, plan: ChunkPlan, results: Any, n: int, stats: Any
 ) -> tuple[list[str], list[pa.Array]]:
-    """The chunk's output columns (one value per row of the chunk, null where a row was not sent or failed);
-    row errors from the results go into `plan.errors`."""
+    """The chunk's output columns (one value per row of the chunk, null where a row was not sent or failed), then
+    `input_truncated` when inputs are cut to a limit; row errors from the results go into `plan.errors`."""
+    names, arrays = _task_columns(spec, plan, results, n)
+    if truncates(spec):
+        names, arrays = [*names, TRUNCATED_COLUMN], [*arrays, pa.array(plan.truncated or [False] * n, pa.bool_())]
+    return names, arrays
+
+
+def _task_columns(spec: PipelineSpec, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
     kind, task, sent = spec.task.kind, spec.task, plan.sent
     out = task.resolved_output_column()
     if kind in ("embed", "embed_image"):
@@ -228,17 +251,18 @@ def _predict_columns(spec: PipelineSpec, results: Any, sent: np.ndarray, n: int)
     return list(outputs), arrays
 
 
-def _conversations(spec: PipelineSpec, batch: pa.RecordBatch, sent: np.ndarray) -> list[list[dict[str, Any]]]:
-    prompts = batch.column("_prompt").to_pylist()
+def _conversations(spec: PipelineSpec, batch: pa.RecordBatch, sent: np.ndarray,
+                   prompts: list[str]) -> list[list[dict[str, Any]]]:
+    """One conversation per sent row; `prompts` are the sent rows' prompts, in order."""
     images = batch.column("_images").to_pylist() if "_images" in batch.schema.names else None
     system = [{"role": "system", "content": spec.prepare.system}] if spec.prepare.system else []
     conversations = []
-    for i in sent.tolist():
-        content: Any = prompts[i]
+    for i, prompt in zip(sent.tolist(), prompts):
+        content: Any = prompt
         if images is not None and images[i]:
             from resources.multimodal import build_user_content
 
-            content = build_user_content(prompts[i], images[i])
+            content = build_user_content(prompt, images[i])
         conversations.append([*system, {"role": "user", "content": content}])
     return conversations
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from batch_assets.secrets import literal_secret_problem, literal_secrets
 from resources.protocols import supports
@@ -25,7 +25,7 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # Columns the stages add to every row (lineage, preparation, the infer loop's error column): no source column or
 # model output may take these names, or one would overwrite the other after the model was paid for.
 RESERVED_COLUMNS = frozenset({"error", "row_id", "_source_file", "_source_row", "_input_empty", "_input_problem",
-                              "_text", "_prompt", "_images"})
+                              "_text", "_prompt", "_images", "input_truncated"})
 PARTITION_TOKEN = "{partition}"
 
 
@@ -88,6 +88,19 @@ class PrepareSpec(_Strict):
         description="generate / image tasks: columns holding images (bytes, local paths, s3:// or http(s):// URLs).",
     )
     image_max_side: int = Field(default=768, ge=16, description="Images are resized to fit this many pixels.")
+    max_input_tokens: PositiveInt | Literal["model"] | None = Field(
+        default=None,
+        description="embed / classify / generate: the longest input sent to the model, in the model's tokens (the "
+        "text; for generate the filled-in prompt, without chat template or system message). 'model': the model's "
+        "own limit (its max_seq_length; for generate the context left after the template and max_new_tokens). "
+        "Unset: no check, the model handles long inputs its own way (see docs/RELIABILITY.md).",
+    )
+    too_long: Literal["truncate", "skip", "fail"] = Field(
+        default="truncate",
+        description="With max_input_tokens, an input over it is: 'truncate': cut to the limit, sent, and flagged "
+        "true in the `input_truncated` output column; 'skip': not sent, a row error (dead-lettered); 'fail': the "
+        "step fails before any model call, naming the row.",
+    )
 
     def template_fields(self) -> list[str]:
         if not self.template:
@@ -448,6 +461,9 @@ class PipelineSpec(_Strict):
             problems.append(("prepare.text_column", f"task {task.kind!r} needs the column holding the text"))
         if task.kind in ("embed_image", "classify_image") and len(prep.image_columns) != 1:
             problems.append(("prepare.image_columns", f"task {task.kind!r} needs exactly one image column"))
+        if prep.max_input_tokens is not None and task.kind not in ("embed", "classify", "generate"):
+            problems.append(("prepare.max_input_tokens", f"applies to text tasks (embed, classify, generate), not "
+                             f"{task.kind!r}"))
         if task.kind in ("classify", "classify_image") and not task.labels:
             problems.append(("task.labels", f"task {task.kind!r} needs candidate labels"))
         if task.structured is not None and task.kind != "generate":

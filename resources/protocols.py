@@ -100,6 +100,17 @@ class ImageClassifier(Protocol):
     def classify_images(self, images: Sequence[Any], labels: Sequence[str]) -> list[Classification]: ...
 
 
+@runtime_checkable
+class InputTokens(Protocol):
+    """Optional, for `prepare.max_input_tokens`: the tokenizer that counts this model's input tokens (a Hugging Face
+    tokenizer) and the longest input it takes, in tokens of the text alone (None when unknown); `system` is the
+    pipeline's system message, which a chat template adds to every prompt (resources/tokens.py)."""
+
+    def input_tokenizer(self) -> Any: ...
+
+    def max_input_tokens(self, params: GenerationParams | None, system: str | None) -> int | None: ...
+
+
 # task kind in a pipeline spec -> (protocol, the method a provider must have)
 CAPABILITIES: dict[str, tuple[type, str]] = {
     "embed": (TextEmbedder, "embed"),

@@ -65,6 +65,14 @@ class HFPipelineProvider(ModelResource):
             source = self.model  # a Hub id: loads only if it is already in the local cache
         return pipeline(self.task, model=source, device=resolve_device(self.device))
 
+    def input_tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
+        from resources.tokens import encoder_limit
+
+        return encoder_limit(self.loaded.tokenizer, getattr(self.loaded.tokenizer, "model_max_length", None))
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["task"] = self.task

@@ -65,6 +65,14 @@ class ZeroShotEmbeddingClassifier(ModelResource):
         self._label_vectors = {}
         return SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size).load()
 
+    def input_tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
+        from resources.tokens import encoder_limit
+
+        return encoder_limit(self.loaded.tokenizer, self.loaded.max_seq_length)
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(score=self.score, hypothesis_template=self.hypothesis_template)

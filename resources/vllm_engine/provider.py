@@ -178,6 +178,16 @@ class VLLMEngineProvider(ModelResource):
         # LoRARequest ids must be positive and stable per adapter within the engine.
         return self.api.LoRARequest(name, sorted(self.lora_adapters).index(name) + 1, self.lora_adapters[name])
 
+    def input_tokenizer(self) -> Any:
+        return self.loaded.get_tokenizer()  # vLLM's documented LLM.get_tokenizer(): the model's HF tokenizer
+
+    def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
+        from resources.tokens import generation_limit
+
+        config = getattr(getattr(self.loaded, "llm_engine", None), "model_config", None)
+        context = self.max_model_len or getattr(config, "max_model_len", None)
+        return generation_limit(self.input_tokenizer(), context, params, system)
+
     # -- capabilities ----------------------------------------------------------------------------------------------
     def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
         if not conversations:

@@ -1,0 +1,169 @@
+"""Inputs longer than the model takes (`prepare.max_input_tokens`, `prepare.too_long`).
+
+Without a limit a model does what it does with a long input: sentence-transformers cuts it at its max_seq_length
+without a word, an HTTP endpoint answers 400 (a row error), a local generator refuses it (a row error). With a limit,
+inputs are counted in the model's own tokens (the provider's tokenizer, `InputTokens` in resources/protocols.py)
+and each one over the limit is, as the spec says:
+- `truncate`: cut to its first `max_input_tokens` tokens (an exact prefix of the text, from the tokenizer's offsets),
+  sent, and flagged `input_truncated = true` in the output, so a user can find and count them;
+- `skip`: not sent; the row keeps an `error` ("input too long: ...") and goes to the dead letters;
+- `fail`: the step fails before any model call, naming the first row over the limit (a pass over the partition's
+  prepared rows counts every input first).
+
+Counting uses a private copy of the tokenizer's Rust backend (the `tokenizers` library, which every transformers 5
+tokenizer runs on) with truncation and padding off: transformers leaves the truncation settings of its last call on
+the shared backend, which would cap every count at the model's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import read_batches
+from resources.protocols import GenerationParams
+
+TRUNCATED_COLUMN = "input_truncated"
+
+
+def text_column(spec: PipelineSpec) -> str:
+    """The prepared column whose text is limited: the filled-in prompt (generate) or the text (embed / classify)."""
+    return "_prompt" if spec.task.kind == "generate" else "_text"
+
+
+def user_column(spec: PipelineSpec) -> str:
+    """What the user calls that text, for messages."""
+    if spec.task.kind == "generate":
+        return "the prompt (prepare.template filled in)"
+    return str(spec.prepare.text_column)
+
+
+class TokenCounter:
+    """Counts and cuts texts in a model's tokens."""
+
+    def __init__(self, tokenizer: Any):
+        from tokenizers import Tokenizer
+
+        backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise PipelineError(
+                f"the model's tokenizer ({type(tokenizer).__name__}) is not a fast (Rust) tokenizer, which "
+                "prepare.max_input_tokens needs to count and cut inputs",
+                fix="use a model with a fast tokenizer (tokenizer.json), or drop prepare.max_input_tokens",
+            )
+        self._tok = Tokenizer.from_str(backend.to_str())
+        self._tok.no_truncation()
+        self._tok.no_padding()
+
+    def lengths(self, texts: list[str]) -> np.ndarray:
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+
+    def cut(self, text: str, limit: int) -> str:
+        """The longest prefix of `text` ending on a token boundary that is at most `limit` tokens."""
+        offsets = self._tok.encode(text, add_special_tokens=False).offsets
+        if len(offsets) <= limit:
+            return text
+        keep = limit
+        while keep > 0:
+            prefix = text[: offsets[keep - 1][1]]
+            # A prefix cut inside a word can tokenize into more pieces than it had inside the word: step back.
+            if len(self._tok.encode(prefix, add_special_tokens=False).ids) <= limit:
+                return prefix
+            keep -= 1
+        return ""
+
+
+@dataclass
+class TokenLimit:
+    """The limit in force for one run of one pipeline (None from `for_run` when the spec sets none)."""
+
+    spec: PipelineSpec
+    counter: TokenCounter
+    max_tokens: int
+    mode: str  # truncate | skip | fail
+
+    @classmethod
+    def for_run(cls, spec: PipelineSpec, provider: Any, params: GenerationParams | None) -> TokenLimit | None:
+        wanted = spec.prepare.max_input_tokens
+        if wanted is None:
+            return None
+        name = f"{type(provider).__name__} (model {provider.model_name()!r})"
+        get_tokenizer = getattr(provider, "input_tokenizer", None)
+        tokenizer = get_tokenizer() if callable(get_tokenizer) else None
+        if tokenizer is None:
+            raise PipelineError(
+                f"prepare.max_input_tokens is set but {name} has no tokenizer to count input tokens with",
+                pipeline=spec.name,
+                fix="for an HTTP endpoint set model.config.tokenizer to the served model's tokenizer (a local folder "
+                "or an offline Hub id); for a custom model class define input_tokenizer(); or drop "
+                "prepare.max_input_tokens",
+            )
+        model_limit = provider.max_input_tokens(params, spec.prepare.system)
+        if wanted == "model":
+            if model_limit is None:
+                raise PipelineError(
+                    f"prepare.max_input_tokens is 'model' but {name} does not know its longest input",
+                    pipeline=spec.name,
+                    fix="set prepare.max_input_tokens to a number (for an HTTP endpoint, or set "
+                    "model.config.context_length)",
+                )
+            wanted = model_limit
+        return cls(spec, TokenCounter(tokenizer), int(wanted), spec.prepare.too_long)
+
+    def apply(self, texts: list[str], sent: np.ndarray, errors: list[str | None], n: int,
+              ) -> tuple[list[str], np.ndarray, list[bool] | None]:
+        """Texts of the sent rows in; the texts to send, the rows to send, and the `input_truncated` flags (one per
+        row of the chunk; None unless truncating). `skip` writes row errors into `errors`."""
+        lengths = self.counter.lengths(texts) if texts else np.zeros(0, dtype=np.int64)
+        over = np.flatnonzero(lengths > self.max_tokens)
+        flags: list[bool] | None = [False] * n if self.mode == "truncate" else None
+        if not len(over):
+            return texts, sent, flags
+        if self.mode == "truncate":
+            texts = list(texts)
+            for j in over.tolist():
+                texts[j] = self.counter.cut(texts[j], self.max_tokens)
+                flags[int(sent[j])] = True  # type: ignore[index]
+            return texts, sent, flags
+        if self.mode == "skip":
+            keep = np.ones(len(texts), dtype=bool)
+            keep[over] = False
+            for j in over.tolist():
+                errors[int(sent[j])] = (f"input too long: {int(lengths[j])} tokens, over prepare.max_input_tokens="
+                                        f"{self.max_tokens}; not sent to the model")
+            return [t for t, k in zip(texts, keep.tolist()) if k], sent[keep], flags
+        # fail: the pre-pass (check_partition) already stopped the step; reaching here means the rows changed.
+        raise PipelineError(f"{len(over)} input(s) over prepare.max_input_tokens={self.max_tokens} "
+                            "appeared after the partition was checked", pipeline=self.spec.name,
+                            fix="re-materialize the partition")
+
+    def check_partition(self, src: str, partition: str, batch_rows: int) -> None:
+        """`fail` mode: one pass over the prepared rows before any model call; the first input over the limit
+        fails the step with its row id, length and the fix."""
+        column = text_column(self.spec)
+        for batch in read_batches(src, columns=["row_id", "_input_empty", column], batch_rows=batch_rows):
+            empty = batch.column("_input_empty").to_numpy(zero_copy_only=False)
+            rows = np.flatnonzero(~empty)
+            if not len(rows):
+                continue
+            texts = batch.column(column).take(pa.array(rows)).to_pylist()
+            lengths = self.counter.lengths(texts)
+            over = np.flatnonzero(lengths > self.max_tokens)
+            if len(over):
+                first = int(rows[over[0]])
+                raise PipelineError(
+                    f"an input is {int(lengths[over[0]])} tokens long, over prepare.max_input_tokens="
+                    f"{self.max_tokens} (prepare.too_long: fail); no row of the partition was sent to the model",
+                    pipeline=self.spec.name,
+                    partition=partition,
+                    column=user_column(self.spec),
+                    row=str(batch.column("row_id")[first].as_py()),
+                    fix="shorten that input, raise prepare.max_input_tokens, or set prepare.too_long to 'truncate' "
+                    "(cut and flag in input_truncated) or 'skip' (a row error, kept in the dead letters)",
+                )
