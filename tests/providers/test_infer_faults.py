@@ -56,13 +56,51 @@ def test_setup_errors_fail_the_step_fast_and_publish_nothing(tmp_path: Path, sta
     assert not (tmp_path / "store" / "answers" / "output").exists()
 
 
+NO_WAIT_RETRY = {"max_retries": 1, "delay_seconds": 0, "jitter": False}
+
+
 def test_every_row_failing_alike_fails_the_step(tmp_path: Path) -> None:
+    # an outage that outlasts the step's retries: retried once (it may pass), then the step fails
     with FaultProxy(lambda key, n: Respond(503, {"error": {"message": "overloaded"}})) as proxy:
         spec, _ = _spec(tmp_path, proxy, rows=8, max_concurrency=4, max_attempts=2)
+        spec = spec.model_copy(update={"retries": spec.retries.model_copy(update=NO_WAIT_RETRY)})
         result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
     assert not result.success
-    assert "failed the same way: HTTP 503" in _failure_text(result)
+    assert "failed the same way: HTTP 503" in _failure_text(result) and "looks transient" in _failure_text(result)
+    assert [e.event_type_value for e in result.all_events].count("STEP_UP_FOR_RETRY") == 1
     assert not (tmp_path / "store" / "answers" / "output").exists()
+
+
+def test_the_same_400_for_every_row_is_not_retried(tmp_path: Path) -> None:
+    with FaultProxy(lambda key, n: Respond(400, {"error": {"message": "max_tokens is too large"}})) as proxy:
+        spec, _ = _spec(tmp_path, proxy, rows=8, max_concurrency=4, max_attempts=2)
+        spec = spec.model_copy(update={"retries": spec.retries.model_copy(update=NO_WAIT_RETRY)})
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+    assert not result.success and "failed the same way: HTTP 400" in _failure_text(result)
+    assert "STEP_UP_FOR_RETRY" not in [e.event_type_value for e in result.all_events]
+
+
+def test_an_outage_that_ends_is_survived_by_the_step_retry_without_repeating_finished_chunks(tmp_path: Path) -> None:
+    def script(key: str, n: int):
+        # rows of chunk 2 (8..11) meet an outage that lasts both of the provider's attempts (n = 1, 2): the whole
+        # chunk fails alike, the step is retried, and by then (n = 3) the endpoint is back
+        late = int(key.split(":")[0].split()[1]) >= 8
+        return Respond(503, {"error": {"message": "overloaded"}}) if late and n <= 2 else Echo()
+
+    with FaultProxy(script) as proxy:
+        spec, texts = _spec(tmp_path, proxy, rows=12, max_concurrency=1, max_attempts=2)
+        spec = spec.model_copy(update={"retries": spec.retries.model_copy(update=NO_WAIT_RETRY)})
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+    assert result.success, _failure_text(result)
+    assert [e.event_type_value for e in result.all_events].count("STEP_UP_FOR_RETRY") == 1
+    rows = pq.read_table(tmp_path / "store" / "answers" / "output" / "a.parquet").to_pylist()
+    assert sorted(r["doc_id"] for r in rows) == sorted(f"d{i}" for i in range(12))
+    assert all(r["error"] is None and r["generated_text"] == f"echo:{texts[int(r['doc_id'][1:])]}" for r in rows)
+    # chunks 0 and 1 were committed before the outage: the retry did not send their rows again
+    for i in range(8):
+        assert len(proxy.attempts_for(texts[i])) == 1, texts[i]
+    for i in range(8, 12):
+        assert len(proxy.attempts_for(texts[i])) == 3, texts[i]
 
 
 def test_too_many_row_errors_fail_the_blocking_check_and_block_publish(tmp_path: Path) -> None:
