@@ -1,15 +1,30 @@
-"""A code location for the daemon's own tick logic in tests: schedules, sensors and backfills evaluated by the
-functions `dagster-daemon` runs, against a test instance, on pipelines written to a temporary folder."""
+"""Daemon helpers for tests: a code location for the daemon's own tick logic (schedules, sensors and backfills
+evaluated by the functions `dagster-daemon` runs, against a test instance, on pipelines written to a temporary
+folder), and the real `dagster dev` (webserver + daemon) as a process: start, wait until its GraphQL API serves
+the code location, query it, poll for runs, stop it."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+TERMINAL_RUN_STATUSES = ("SUCCESS", "FAILURE", "CANCELED")
+T = TypeVar("T")
 
 DEFS_TEMPLATE = '''
 import dagster as dg
@@ -151,3 +166,78 @@ class SlowModel(CountingModel):
         with self.log.open("a") as f:
             f.write(f"span {start} {time.time()}\n")
         return {"prediction": [len(t) for t in batch["text"]]}
+
+
+def dagster_home(home: Path) -> Path:
+    """A fresh DAGSTER_HOME with the project's dagster.yaml (run queue, pools) as `make ui` uses it."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    return home
+
+
+def dagster_dev_command(port: int) -> list[str]:
+    """`dagster dev` over the project's definitions module on loopback."""
+    return [DAGSTER, "dev", "-m", "batch_assets.definitions", "-h", "127.0.0.1", "-p", str(port)]
+
+
+@contextmanager
+def dev_server(command: list[str], env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen]:
+    """The command (dagster dev, or `make ui`) in its own session with output to `log`; on exit its whole process
+    group (webserver, daemon, code servers, run workers) gets SIGTERM, then SIGKILL if it lingers."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+
+def graphql(port: int, query: str, variables: dict | None = None) -> dict:
+    """The `data` of a query to the webserver's GraphQL API; GraphQL errors fail the test."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        payload = json.loads(resp.read())
+    assert "errors" not in payload, payload
+    return payload["data"]
+
+
+def log_tail(log: Path, chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-chars:]
+
+
+def wait_ready(port: int, proc: subprocess.Popen, log: Path, seconds: float = 120) -> str:
+    """Wait until the webserver serves a loaded code location; its name. Fails at once if the server exited."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log_tail(log)
+        try:
+            data = graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
+                                 "location { name } } } } }")
+            nodes = data["repositoriesOrError"].get("nodes")
+            if nodes:
+                return nodes[0]["location"]["name"]
+        except (OSError, AssertionError, KeyError, TypeError, ValueError):
+            pass  # not listening yet, or the code location still loading
+        time.sleep(1)
+    raise AssertionError("dagster dev did not become ready:\n" + log_tail(log))
+
+
+def wait_for(what: str, check: Callable[[], T], log: Path, seconds: float, interval: float = 2,
+             diagnose: Callable[[], str] = str) -> T:
+    """Poll `check` until it returns something truthy; that. On timeout fail with `diagnose()` (say, the failed
+    Kubernetes Jobs' output) and the server log's tail."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}:\n{diagnose()}\n" + log_tail(log, 4000))

@@ -10,22 +10,19 @@ Playwright's own browser download cannot run on these machines.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import free_port
+from tests.daemon_helpers import (
+    ROOT, TERMINAL_RUN_STATUSES, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT = ROOT / "docs" / "img" / "asset-page.png"
 PIPELINE, PARTITION = "document_embeddings", "shard-00-of-04"
@@ -33,30 +30,9 @@ SHARDS = [f"shard-{i:02d}-of-04" for i in range(4)]
 pytestmark = pytest.mark.slow
 
 
-def _graphql(port: int, query: str) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())["data"]
-
-
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            data = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }")
-            if data["repositoriesOrError"].get("nodes"):
-                return
-        except (OSError, KeyError, TypeError, ValueError):
-            pass
-        time.sleep(1)
-    raise AssertionError("dg dev did not become ready:\n" + log.read_text()[-3000:])
-
-
 def _run_statuses(port: int) -> list[str]:
     """Statuses of the pipeline job's runs, newest first (sensors of other example pipelines launch runs too)."""
-    data = _graphql(port, '{ runsOrError(filter: {pipelineName: "%s_job"}) { ... on Runs { results { status } } } }'
+    data = graphql(port, '{ runsOrError(filter: {pipelineName: "%s_job"}) { ... on Runs { results { status } } } }'
                     % PIPELINE)
     return [r["status"] for r in data["runsOrError"]["results"]]
 
@@ -65,9 +41,7 @@ def _run_statuses(port: int) -> list[str]:
 def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    home, store = tmp_path / "home", tmp_path / "store"
-    home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    home, store = dagster_home(tmp_path / "home"), tmp_path / "store"
     # The example spec as shipped, alone: other examples' sensors would queue runs ahead of ours.
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
@@ -76,12 +50,9 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
            "BATCH_PIPELINES_DIR": str(pipelines)}
     port = free_port()
     log = tmp_path / "dg-dev.log"
-    with open(log, "w") as out:
-        # The README's `make ui` (dg dev: webserver + daemon), on a free port.
-        proc = subprocess.Popen(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_ready(port, proc, log)
+    # The README's `make ui` (dg dev: webserver + daemon), on a free port.
+    with dev_server(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], env, log) as proc:
+        wait_ready(port, proc, log, seconds=180)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(
                 executable_path=CHROMIUM, headless=True,
@@ -103,14 +74,10 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
                 expect(page.get_by_text("1 partition", exact=True)).to_be_visible()
                 page.get_by_role("button", name=re.compile(r"^Launch (1 run|backfill)$")).click()
 
-                deadline = time.monotonic() + 420  # the daemon picks the backfill up, then one run of 4 steps
-                statuses: list[str] = []
-                while time.monotonic() < deadline:
-                    statuses = _run_statuses(port)
-                    if statuses and statuses[0] in ("SUCCESS", "FAILURE", "CANCELED"):
-                        break
-                    time.sleep(3)
-                assert statuses and statuses[0] == "SUCCESS", (statuses, log.read_text()[-3000:])
+                # the daemon picks the backfill up, then one run of 4 steps
+                statuses = wait_for("the launched run to finish", lambda: (
+                    s if (s := _run_statuses(port)) and s[0] in TERMINAL_RUN_STATUSES else None), log, 420, 3)
+                assert statuses[0] == "SUCCESS", (statuses, log_tail(log))
                 assert (store / PIPELINE / "output" / f"{PARTITION}.parquet").exists()
 
                 rows = pq.ParquetFile(store / PIPELINE / "output" / f"{PARTITION}.parquet").metadata.num_rows
@@ -119,9 +86,9 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
                 page.goto(f"{base}/assets/{PIPELINE}/inferred?view=checks")
                 expect(page.get_by_text("rows_exactly_once").first).to_be_visible(timeout=60_000)
                 expect(page.get_by_text("Passed").first).to_be_visible()
-                check = _graphql(port, '{ assetNodeOrError(assetKey: {path: ["%s", "inferred"]}) { ... on AssetNode {'
-                                 ' assetChecksOrError { ... on AssetChecks { checks { name'
-                                 ' executionForLatestMaterialization { status } } } } } } }' % PIPELINE)
+                check = graphql(port, '{ assetNodeOrError(assetKey: {path: ["%s", "inferred"]}) { ... on AssetNode {'
+                                ' assetChecksOrError { ... on AssetChecks { checks { name'
+                                ' executionForLatestMaterialization { status } } } } } } }' % PIPELINE)
                 checks = check["assetNodeOrError"]["assetChecksOrError"]["checks"]
                 status = {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status") for c in checks}
                 assert status["rows_exactly_once"] == "SUCCEEDED", status
@@ -143,10 +110,3 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
                 page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)  # what the UI showed
                 raise
             browser.close()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)

@@ -6,40 +6,26 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
 
-from tests.daemon_helpers import daily_spec, write_day
+from tests.conftest import free_port
+from tests.daemon_helpers import (
+    DAGSTER, ROOT, daily_spec, dagster_dev_command, dagster_home, dev_server, log_tail, wait_for, write_day,
+)
 from tests.test_sensors import drop, inbox_spec
 
-ROOT = Path(__file__).resolve().parents[1]
-DAGSTER = str(Path(sys.executable).with_name("dagster"))
 pytestmark = pytest.mark.slow
 
 
-def _wait(what: str, check, log: Path, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(2)
-    raise AssertionError(f"timed out waiting for {what}:\n" + log.read_text(errors="replace")[-4000:])
-
-
 def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path) -> None:
-    home, pipelines, store, log = tmp_path / "home", tmp_path / "pipelines", tmp_path / "store", tmp_path / "dev.log"
-    home.mkdir()
+    pipelines, store, log = tmp_path / "pipelines", tmp_path / "store", tmp_path / "dev.log"
+    home = dagster_home(tmp_path / "home")
     pipelines.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
     today = dt.datetime.now(dt.timezone.utc).date()
     yesterday, before = str(today - dt.timedelta(days=1)), str(today - dt.timedelta(days=2))
     for day in (before, yesterday):
@@ -55,44 +41,31 @@ def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path)
     env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines),
            "BATCH_STORAGE_ROOT": str(store)}
 
-    from tests.conftest import free_port
+    with (dev_server(dagster_dev_command(free_port()), env, log),
+          dg.DagsterInstance.from_config(str(home)) as instance):
+        def runs_by(kind: str):
+            return [r for r in instance.get_runs() if r.tags.get("batch/launched_by") == kind]
 
-    with open(log, "w") as out:
-        proc = subprocess.Popen([DAGSTER, "dev", "-m", "batch_assets.definitions", "-h", "127.0.0.1",
-                                 "-p", str(free_port())], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        with dg.DagsterInstance.from_config(str(home)) as instance:
-            def runs_by(kind: str):
-                return [r for r in instance.get_runs() if r.tags.get("batch/launched_by") == kind]
+        [sensor_run] = wait_for("a sensor run", lambda: runs_by("sensor"), log, 90)
+        assert sensor_run.job_name == "inbox_job" and sensor_run.tags["dagster/partition"] == "first-drop"
+        assert instance.get_dynamic_partitions("inbox") == ["first-drop"]
 
-            [sensor_run] = _wait("a sensor run", lambda: runs_by("sensor"), log, 90)
-            assert sensor_run.job_name == "inbox_job" and sensor_run.tags["dagster/partition"] == "first-drop"
-            assert instance.get_dynamic_partitions("inbox") == ["first-drop"]
+        cli = subprocess.run([DAGSTER, "job", "backfill", "-m", "batch_assets.definitions", "-j", "daily_docs_job",
+                              "--partitions", before, "--noprompt"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
 
-            cli = subprocess.run([DAGSTER, "job", "backfill", "-m", "batch_assets.definitions", "-j", "daily_docs_job",
-                                  "--partitions", before, "--noprompt"],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-            assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+        [scheduled] = wait_for("a schedule run", lambda: runs_by("schedule"), log, 100)
+        assert scheduled.job_name == "daily_docs_job" and scheduled.tags["dagster/partition"] == yesterday
 
-            [scheduled] = _wait("a schedule run", lambda: runs_by("schedule"), log, 100)
-            assert scheduled.job_name == "daily_docs_job" and scheduled.tags["dagster/partition"] == yesterday
+        def backfill_run():
+            return [r for r in instance.get_runs() if r.tags.get("dagster/backfill")]
 
-            def backfill_run():
-                return [r for r in instance.get_runs() if r.tags.get("dagster/backfill")]
+        [backfilled] = wait_for("the CLI backfill's run", backfill_run, log, 60)
+        assert backfilled.tags.get("dagster/partition") == before
 
-            [backfilled] = _wait("the CLI backfill's run", backfill_run, log, 60)
-            assert backfilled.tags.get("dagster/partition") == before
-
-            finished = _wait("the sensor run to finish", lambda: (
-                r := instance.get_run_by_id(sensor_run.run_id)) and r.is_finished and r, log, 120)
-            assert finished.status == dg.DagsterRunStatus.SUCCESS, log.read_text(errors="replace")[-4000:]
-            assert (store / "inbox" / "output" / "first-drop.parquet").exists()
-            assert len(runs_by("sensor")) == 1  # later ticks found nothing new
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
+        finished = wait_for("the sensor run to finish", lambda: (
+            r := instance.get_run_by_id(sensor_run.run_id)) and r.is_finished and r, log, 120)
+        assert finished.status == dg.DagsterRunStatus.SUCCESS, log_tail(log, 4000)
+        assert (store / "inbox" / "output" / "first-drop.parquet").exists()
+        assert len(runs_by("sensor")) == 1  # later ticks found nothing new

@@ -15,12 +15,6 @@ asked for (an explicit device wins over BATCH_INFER_GPUS, see resources/base.py)
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import kubernetes_validate
@@ -29,9 +23,11 @@ import pytest
 import yaml
 
 from tests.conftest import EMBED_SPEC, docs_rows, free_port, write_jsonl
+from tests.daemon_helpers import (
+    TERMINAL_RUN_STATUSES, dagster_dev_command, dev_server, graphql, log_tail, wait_for, wait_ready,
+)
 from tests.k8s.stub import KubernetesJobsStub, RecordedJob
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 SMALL_NODES = {"batch.example.com/gpu-pool": "t4"}
@@ -39,32 +35,6 @@ LARGE_NODES = {"batch.example.com/gpu-pool": "a100"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 BIG_BATCH_TAINT = {"key": "dedicated", "operator": "Equal", "value": "big-batch", "effect": "NoSchedule"}
 STAGES = ("raw", "prepared", "inferred", "output")
-
-
-def _graphql(port: int, query: str, variables: dict | None = None) -> dict:
-    body = json.dumps({"query": query, "variables": variables or {}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        payload = json.loads(resp.read())
-    assert "errors" not in payload, payload
-    return payload["data"]
-
-
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path) -> str:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            data = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
-                                  "location { name } } } } }")
-            nodes = data["repositoriesOrError"].get("nodes")
-            if nodes:
-                return nodes[0]["location"]["name"]
-        except (OSError, AssertionError, KeyError):
-            pass
-        time.sleep(1)
-    raise AssertionError("dagster dev did not become ready:\n" + log.read_text()[-3000:])
 
 
 RUNS_QUERY = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
@@ -76,35 +46,35 @@ BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: 
 
 
 def _runs(port: int, tags: list[dict]) -> list[dict]:
-    return _graphql(port, RUNS_QUERY, {"filter": {"tags": tags}})["runsOrError"]["results"]
+    return graphql(port, RUNS_QUERY, {"filter": {"tags": tags}})["runsOrError"]["results"]
 
 
 def _wait_runs_done(port: int, run_ids: list[str], stub: KubernetesJobsStub, log: Path) -> None:
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
+    def finished() -> dict[str, str] | None:
         statuses = {r["runId"]: r["status"] for r in _runs(port, []) if r["runId"] in run_ids}
-        if len(statuses) == len(run_ids) and all(s in ("SUCCESS", "FAILURE", "CANCELED") for s in statuses.values()):
-            assert set(statuses.values()) == {"SUCCESS"}, f"{statuses}\n{stub.failures()}\n{log.read_text()[-3000:]}"
-            return
-        time.sleep(2)
-    raise AssertionError(f"runs {run_ids} did not finish\n{stub.failures()}\n{log.read_text()[-3000:]}")
+        done = len(statuses) == len(run_ids) and all(s in TERMINAL_RUN_STATUSES for s in statuses.values())
+        return statuses if done else None
+
+    statuses = wait_for(f"runs {run_ids} to finish", finished, log, 420, diagnose=stub.failures)
+    assert set(statuses.values()) == {"SUCCESS"}, f"{statuses}\n{stub.failures()}\n{log_tail(log)}"
 
 
 def _launch_backfill(port: int, params: dict, stub: KubernetesJobsStub, log: Path) -> list[dict]:
-    result = _graphql(port, BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
+    result = graphql(port, BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
     assert result["__typename"] == "LaunchBackfillSuccess", result
     backfill_id = result["backfillId"]
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        status = _graphql(port, BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]["status"]
+
+    def finished() -> tuple[str, list[dict]] | None:
+        status = graphql(port, BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]["status"]
         runs = _runs(port, [{"key": "dagster/backfill", "value": backfill_id}])
-        if status in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED") and runs and all(
-                r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
-            assert status in ("COMPLETED", "COMPLETED_SUCCESS") and {r["status"] for r in runs} == {"SUCCESS"}, (
-                f"backfill {status}: {runs}\n{stub.failures()}\n{log.read_text()[-3000:]}")
-            return runs
-        time.sleep(2)
-    raise AssertionError(f"backfill {backfill_id} did not finish\n{stub.failures()}\n{log.read_text()[-3000:]}")
+        done = status in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED") and runs and all(
+            r["status"] in TERMINAL_RUN_STATUSES for r in runs)
+        return (status, runs) if done else None
+
+    status, runs = wait_for(f"backfill {backfill_id} to finish", finished, log, 420, diagnose=stub.failures)
+    assert status in ("COMPLETED", "COMPLETED_SUCCESS") and {r["status"] for r in runs} == {"SUCCESS"}, (
+        f"backfill {status}: {runs}\n{stub.failures()}\n{log_tail(log)}")
+    return runs
 
 
 def _assert_needs(job: RecordedJob, gpus: int, cpu: str, memory: str, nodes: dict, tolerations: list[dict]) -> None:
@@ -169,14 +139,8 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
 
     port = free_port()
     log = tmp_path / "dagster-dev.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("dagster")), "dev", "-m", "batch_assets.definitions",
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=ROOT, env={**k8s_stub.base_env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        location = _wait_ready(port, proc, log)
+    with dev_server(dagster_dev_command(port), k8s_stub.base_env, log) as proc:
+        wait_ready(port, proc, log)
         small = (1, "1", "2Gi", SMALL_NODES, [GPU_TAINT])
         large = (2, "4", "8Gi", LARGE_NODES, [GPU_TAINT, BIG_BATCH_TAINT])
 
@@ -233,10 +197,3 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
         assert len(spans) == 5
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
         assert not k8s_stub.unhandled, k8s_stub.unhandled
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
