@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from script_io import RESULT_PREFIX
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 OUR_PY = ROOT / ".venv" / "bin" / "python"
@@ -111,8 +113,8 @@ def run_process(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     text = log.read_text(errors="replace")
     result: dict[str, Any] = {}
     for line in text.splitlines():
-        if line.startswith("BENCH_RESULT "):
-            result = json.loads(line.removeprefix("BENCH_RESULT "))
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line.removeprefix(RESULT_PREFIX))
     return Run(wall, usage.ru_maxrss / 1024, proc.returncode, result, text[-3000:], log, start_epoch, time.time())
 
 

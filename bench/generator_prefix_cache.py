@@ -12,6 +12,7 @@ import argparse
 import statistics
 import time
 
+from data import company_names
 from resources.hf.generator import TransformersGenerator
 from resources.protocols import GenerationParams
 
@@ -20,8 +21,6 @@ SYSTEM = ("You are a helpful assistant that infers company industries. Based on 
           "Manufacturing, Finance, Real Estate, Other.")
 LABELS = ("Law Firm", "Healthcare", "Technology", "Retail", "Consulting", "Manufacturing", "Finance", "Real Estate",
           "Other")
-NAMES = ["Acme Law Group", "Harbor Medical Center", "Nova Software Inc", "Quinn & Baker LLP", "Summit Capital",
-         "Cedar Realty", "Orbit Retail Group", "Apex Manufacturing Co"]
 
 
 def main() -> None:
@@ -30,8 +29,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     convs = [[{"role": "system", "content": SYSTEM},
-              {"role": "user", "content": f"What industry is this company in: {NAMES[i % 8]} {i}?"}]
-             for i in range(args.rows)]
+              {"role": "user", "content": f"What industry is this company in: {name}?"}]
+             for name in company_names(args.rows)]
     cached = TransformersGenerator(batch_size=32, prefix_cache=True).load_for_tests()
     plain = TransformersGenerator(batch_size=32, prefix_cache=False)
     plain._model = cached._model

@@ -16,9 +16,9 @@ import json
 import statistics
 import time
 
+from data import company_names
+
 SYSTEM = "You are a concise assistant. Answer in one short sentence."
-NAMES = ["Acme Law Group", "Harbor Medical Center", "Nova Software Inc", "Quinn & Baker LLP", "Summit Capital",
-         "Cedar Realty", "Orbit Retail Group", "Apex Manufacturing Co"]
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
 
     gen = TransformersGenerator(batch_size=32).load_for_tests()
     convs = [[{"role": "system", "content": SYSTEM},
-              {"role": "user", "content": f"Describe {NAMES[i % 8]} {i} and its industry."}] for i in range(args.rows)]
+              {"role": "user", "content": f"Describe {name} and its industry."}] for name in company_names(args.rows)]
     ids = gen.encode_prompts(convs)
     prefix, cache = gen.shared_prefix(ids)
 

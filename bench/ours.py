@@ -39,6 +39,18 @@ def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = 
 
 def generate_spec(name: str, data: Path, keys: list[str], max_new_tokens: int = 16,
                   device: str = "cpu") -> dict[str, Any]:
+    return _prompts_spec(name, data, keys, max_new_tokens,
+                         {"provider": "transformers", "config": {"device": device, "batch_size": 32}})
+
+
+def api_spec(name: str, data: Path, keys: list[str], in_flight: int) -> dict[str, Any]:
+    return _prompts_spec(name, data, keys, 16, {"provider": "openai", "config": {
+        "model": "bench", "base_url": {"env": "BENCH_OPENAI_BASE_URL"}, "api_key": {"env": "BENCH_OPENAI_KEY"},
+        "max_concurrency": in_flight}})
+
+
+def _prompts_spec(name: str, data: Path, keys: list[str], max_new_tokens: int, model: dict[str, Any]) -> dict[str, Any]:
+    """Greedy answers to the prompts of bench/data.py (write_prompts), from `model`."""
     return {
         "name": name,
         "source": {"format": "parquet", "path": str(data / "{partition}.parquet"),
@@ -46,22 +58,7 @@ def generate_spec(name: str, data: Path, keys: list[str], max_new_tokens: int = 
         "partitioning": {"kind": "static", "keys": keys},
         "prepare": {"id_column": "prompt_id", "template": "{question}"},
         "task": {"kind": "generate", "params": {"max_new_tokens": max_new_tokens, "temperature": 0}},
-        "model": {"provider": "transformers", "config": {"device": device, "batch_size": 32}},
-        "sink": {"path": str(WORK / "out" / name), "format": "parquet"},
-    }
-
-
-def api_spec(name: str, data: Path, keys: list[str], in_flight: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "source": {"format": "parquet", "path": str(data / "{partition}.parquet"),
-                   "columns": ["prompt_id", "question"]},
-        "partitioning": {"kind": "static", "keys": keys},
-        "prepare": {"id_column": "prompt_id", "template": "{question}"},
-        "task": {"kind": "generate", "params": {"max_new_tokens": 16, "temperature": 0}},
-        "model": {"provider": "openai", "config": {
-            "model": "bench", "base_url": {"env": "BENCH_OPENAI_BASE_URL"}, "api_key": {"env": "BENCH_OPENAI_KEY"},
-            "max_concurrency": in_flight}},
+        "model": model,
         "sink": {"path": str(WORK / "out" / name), "format": "parquet"},
     }
 

@@ -7,9 +7,7 @@ Prints one line `BENCH_RESULT {json}` with the phases' seconds (the harness time
 
 from __future__ import annotations
 
-import argparse
 import glob
-import json
 import time
 from pathlib import Path
 
@@ -18,12 +16,11 @@ START = time.perf_counter()
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from script_io import arguments, report_phases  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -43,11 +40,7 @@ def main() -> None:
     out = table.append_column("embedding", pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1]))
     pq.write_table(out, args.output, compression="zstd")
     t_write = time.perf_counter()
-    print("BENCH_RESULT " + json.dumps({
-        "rows": table.num_rows, "import_s": t_import - START, "load_s": t_load - t_import,
-        "read_s": t_read - t_load, "infer_s": t_encode - t_read, "write_s": t_write - t_encode,
-        "total_s": t_write - START,
-        "infer_window": [wall_read, wall_encode]}))
+    report_phases(table.num_rows, START, t_import, t_load, t_read, t_encode, t_write, [wall_read, wall_encode])
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@ greedy `generate` of a fixed number of new tokens, answers written to Parquet.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import importlib.util
-import json
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ START = time.perf_counter()
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from script_io import arguments, report_phases  # noqa: E402
 
 
 def smollm2() -> tuple[str, str]:
@@ -25,9 +24,7 @@ def smollm2() -> tuple[str, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--device", default="cpu")
@@ -64,11 +61,7 @@ def main() -> None:
     t_gen, wall_gen = time.perf_counter(), time.time()
     pq.write_table(table.append_column("generated_text", pa.array(answers, pa.string())), args.output)
     t_write = time.perf_counter()
-    print("BENCH_RESULT " + json.dumps({
-        "rows": table.num_rows, "import_s": t_import - START, "load_s": t_load - t_import,
-        "read_s": t_read - t_load, "infer_s": t_gen - t_read, "write_s": t_write - t_gen,
-        "total_s": t_write - START,
-        "infer_window": [wall_read, wall_gen]}))
+    report_phases(table.num_rows, START, t_import, t_load, t_read, t_gen, t_write, [wall_read, wall_gen])
 
 
 if __name__ == "__main__":

@@ -69,6 +69,14 @@ def _variants_table(section: dict[str, Any], extra: list[tuple[str, str, str]]) 
     return lines
 
 
+def _local_model_table(section: dict[str, Any], heading: str, raw_infer_header: str) -> list[str]:
+    """A local model's variants beside the raw script: speed relative to it, and its inference call against our
+    infer step."""
+    return ["", heading, ""] + _variants_table(section, [
+        ("speed_vs_raw", "speed ÷ raw", "ratio"), ("infer_s", raw_infer_header, "s"),
+        ("inferred_s", "our infer step s", "s")])
+
+
 PHASES = [("phase_cli_start_and_definitions_s", "CLI start, imports, definitions load (before the run's first event)"),
           ("phase_resource_init_s", "resource init (imports torch, loads the model)"),
           ("phase_step_raw_s", "read step"), ("phase_step_prepared_s", "prepare step"),
@@ -122,20 +130,18 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
         lines.append(f"| {text} | {_fmt(value)} | {op} {goal} | {_met(value, goal, op)} |")
     emb = results.get("embed")
     if emb and "variants" in emb:
-        lines += ["", f"#### Embeddings: {emb['rows']:,} short documents in {emb['files']} Parquet files, "
-                  f"all-MiniLM-L6-v2 on CPU, median of {emb['repeats']} interleaved runs", ""]
-        lines += _variants_table(emb, [("speed_vs_raw", "speed ÷ raw", "ratio"),
-                                       ("infer_s", "raw encode s", "s"), ("inferred_s", "our infer step s", "s")])
+        lines += _local_model_table(emb, f"#### Embeddings: {emb['rows']:,} short documents in {emb['files']} "
+                                    f"Parquet files, all-MiniLM-L6-v2 on CPU, median of {emb['repeats']} interleaved "
+                                    "runs", "raw encode s")
     for title, section, raw_name in (("Embeddings", emb, "raw sentence-transformers script"),
                                      ("Generation", results.get("generate"), "raw batched generate")):
         if section and "variants" in section:
             lines += _phases(title, section, raw_name)
     gen = results.get("generate")
     if gen and "variants" in gen:
-        lines += ["", f"#### Local generation: {gen['rows']} prompts, SmolLM2-135M-Instruct via transformers, "
-                  f"{gen['max_new_tokens']} new tokens, greedy, median of {gen['repeats']}", ""]
-        lines += _variants_table(gen, [("speed_vs_raw", "speed ÷ raw", "ratio"),
-                                       ("infer_s", "raw generate s", "s"), ("inferred_s", "our infer step s", "s")])
+        lines += _local_model_table(gen, f"#### Local generation: {gen['rows']} prompts, SmolLM2-135M-Instruct via "
+                                    f"transformers, {gen['max_new_tokens']} new tokens, greedy, median of "
+                                    f"{gen['repeats']}", "raw generate s")
     api = results.get("api")
     if api and "variants" in api:
         lines += ["", f"#### API path: {api['requests']:,} requests to a loopback OpenAI-compatible server answering "

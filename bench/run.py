@@ -34,6 +34,8 @@ from data import write_documents, write_prompts  # noqa: E402
 from report import write_doc  # noqa: E402
 
 Variant = Callable[[int], Run]
+OURS = "ours (dagster asset materialize)"
+RAW_EMBED, RAW_GENERATE = "raw sentence-transformers script", "raw batched generate"
 PHASES = ("phase_cli_start_and_definitions_s", "phase_resource_init_s", "phase_step_raw_s", "phase_step_prepared_s",
           "phase_step_inferred_s", "phase_step_output_s", "phase_exit_s")
 
@@ -95,12 +97,7 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
     glob = str(data / "*.parquet")
     out = WORK / "out"
     spec = ours.embed_spec("bench_embed", data, ours.KEYS)
-    variants: dict[str, Variant] = {
-        "raw sentence-transformers script": lambda r: run_process(
-            [str(OUR_PY), str(BENCH / "raw_embed.py"), "--input", glob, "--output", str(out / "raw_embed.parquet")],
-            log=WORK / "logs" / f"raw-embed-{r}.log"),
-        "ours (dagster asset materialize)": lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
-    }
+    variants = _raw_and_ours(RAW_EMBED, "raw_embed", glob, spec)
     if ours.before_tree():
         variants[f"ours before ({ours.before_label()})"] = lambda r: ours.materialize(
             spec, ours.KEYS, label=f"-{r}", tree=ours.before_tree())
@@ -111,18 +108,32 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
                                                                               _fresh(out / "ray_embed")], f"ray-embed-{r}")
     runs = interleave(variants, knobs.repeats_for("embed"))
     res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "read_s", "write_s", "model_loads", *PHASES))
-    raw = med(res, "raw sentence-transformers script")
-    mine = med(res, "ours (dagster asset materialize)")
+    raw = med(res, RAW_EMBED)
+    mine = med(res, OURS)
     peers = [m for m in (med(res, "Daft embed_text"), med(res, "Ray Data map_batches")) if m]
     ratios = {
         "ours_vs_raw_whole_process": ratio(raw, mine),
-        "ours_infer_step_vs_raw_encode": ratio(med(res, "raw sentence-transformers script", "infer_s"),
-                                               med(res, "ours (dagster asset materialize)", "inferred_s")),
+        "ours_infer_step_vs_raw_encode": ratio(med(res, RAW_EMBED, "infer_s"), med(res, OURS, "inferred_s")),
         "ours_vs_faster_peer": ratio(min(peers), mine) if peers else None,
     }
+    _add_speed_vs_raw(res, raw)
+    return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios}
+
+
+def _raw_and_ours(raw_name: str, script: str, glob: str, spec: dict[str, Any]) -> dict[str, Variant]:
+    """The pair every local-model section starts from: the hand-written script over the same files, and our
+    pipeline's materialization."""
+    return {
+        raw_name: lambda r: run_process(
+            [str(OUR_PY), str(BENCH / f"{script}.py"), "--input", glob, "--output",
+             str(WORK / "out" / f"{script}.parquet")], log=WORK / "logs" / f"{script.replace('_', '-')}-{r}.log"),
+        OURS: lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
+    }
+
+
+def _add_speed_vs_raw(res: dict[str, Any], raw: float | None) -> None:
     for name in res:
         res[name]["speed_vs_raw"] = ratio(raw, med(res, name))
-    return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios}
 
 
 def _fresh(path: Path) -> str:
@@ -143,12 +154,7 @@ def bench_generate(knobs: Knobs) -> dict[str, Any]:
     glob = str(data / "*.parquet")
     out = WORK / "out"
     spec = ours.generate_spec("bench_generate", data, ours.KEYS)
-    variants: dict[str, Variant] = {
-        "raw batched generate": lambda r: run_process(
-            [str(OUR_PY), str(BENCH / "raw_generate.py"), "--input", glob, "--output",
-             str(out / "raw_generate.parquet")], log=WORK / "logs" / f"raw-generate-{r}.log"),
-        "ours (dagster asset materialize)": lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
-    }
+    variants = _raw_and_ours(RAW_GENERATE, "raw_generate", glob, spec)
     if peers_ready(knobs) and os.environ.get("BENCH_DAFT_GENERATE", "1") == "1":
         model_dir = str(WORK / "smollm2-transformers")
         _peer("daft_generate.py", ["--input", "-", "--output", "-", "--model-dir", model_dir, "--convert"],
@@ -158,13 +164,11 @@ def bench_generate(knobs: Knobs) -> dict[str, Any]:
             f"daft-generate-{r}", timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", 900)))
     runs = interleave(variants, knobs.repeats_for("generate"))
     res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "model_loads", *PHASES))
-    raw = med(res, "raw batched generate")
-    for name in res:
-        res[name]["speed_vs_raw"] = ratio(raw, med(res, name))
+    raw = med(res, RAW_GENERATE)
+    _add_speed_vs_raw(res, raw)
     ratios = {
-        "ours_vs_raw_whole_process": ratio(raw, med(res, "ours (dagster asset materialize)")),
-        "ours_infer_step_vs_raw_generate": ratio(med(res, "raw batched generate", "infer_s"),
-                                                 med(res, "ours (dagster asset materialize)", "inferred_s")),
+        "ours_vs_raw_whole_process": ratio(raw, med(res, OURS)),
+        "ours_infer_step_vs_raw_generate": ratio(med(res, RAW_GENERATE, "infer_s"), med(res, OURS, "inferred_s")),
     }
     return {"rows": knobs.prompts, "max_new_tokens": 16, "repeats": knobs.repeats_for("generate"), "variants": res, "ratios": ratios}
 
@@ -328,7 +332,7 @@ def _steady_state_overhead(results: dict[str, Any]) -> None:
     """Seconds per partition beyond model compute, with model compute at the raw script's steady encode rate from
     the embed section (rows ÷ its encode seconds) rather than one tiny partition's warm-up-laden encode."""
     emb, orch = results.get("embed", {}), results.get("orchestration", {})
-    raw = emb.get("variants", {}).get("raw sentence-transformers script", {})
+    raw = emb.get("variants", {}).get(RAW_EMBED, {})
     encode = (raw.get("infer_s") or {}).get("median")
     extra = orch.get("ratios", {}).get("seconds_per_extra_partition")
     if encode and extra is not None:

@@ -5,17 +5,18 @@
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 START = time.perf_counter()
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for script_io
+from script_io import arguments, report  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     args = ap.parse_args()
     import daft
     from daft.functions import embed_text
@@ -28,7 +29,7 @@ def main() -> None:
     written = df.write_parquet(args.output).to_pydict()
     t_done = time.perf_counter()
     rows = sum(written.get("rows", [])) if "rows" in written else None
-    print("BENCH_RESULT " + json.dumps({"rows": rows, "import_s": t_import - START, "total_s": t_done - START}))
+    report(rows=rows, import_s=t_import - START, total_s=t_done - START)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,19 @@ write_parquet. Daft's transformers prompter runs a `pipeline("text-generation")`
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
+import sys
 import time
 from pathlib import Path
 
 START = time.perf_counter()
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for script_io
+from script_io import arguments, report  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--model-dir", required=True, help="SmolLM2 as a transformers folder (made by --convert)")
     ap.add_argument("--convert", action="store_true", help="write --model-dir from the GGUF and exit (untimed)")
@@ -37,7 +37,7 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens, do_sample=False))
     df.write_parquet(args.output)
     t_done = time.perf_counter()
-    print("BENCH_RESULT " + json.dumps({"import_s": t_import - START, "total_s": t_done - START}))
+    report(import_s=t_import - START, total_s=t_done - START)
 
 
 def convert(target: Path) -> None:

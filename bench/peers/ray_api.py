@@ -6,18 +6,19 @@
 
 from __future__ import annotations
 
-import argparse
 import glob
-import json
+import sys
 import time
+from pathlib import Path
 
 START = time.perf_counter()
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for script_io
+from script_io import arguments, report  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     ap.add_argument("--url", required=True, help="the chat completions URL")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=0, help="0: the processor's default")
@@ -45,7 +46,7 @@ def main() -> None:
     processor(ray.data.read_parquet(sorted(glob.glob(args.input)))).write_parquet(args.output)
     t_done = time.perf_counter()
     ray.shutdown()
-    print("BENCH_RESULT " + json.dumps({"import_s": t_import - START, "total_s": t_done - START}))
+    report(import_s=t_import - START, total_s=t_done - START)
 
 
 if __name__ == "__main__":

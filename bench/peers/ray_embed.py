@@ -6,12 +6,15 @@ batch 256) -> write_parquet.
 
 from __future__ import annotations
 
-import argparse
 import glob
-import json
+import sys
 import time
+from pathlib import Path
 
 START = time.perf_counter()
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for script_io
+from script_io import arguments, report  # noqa: E402
 
 
 class Embedder:
@@ -28,9 +31,7 @@ class Embedder:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--output", required=True)
+    ap = arguments()
     ap.add_argument("--batch-size", type=int, default=256)
     args = ap.parse_args()
     import ray
@@ -42,7 +43,7 @@ def main() -> None:
     ds.write_parquet(args.output)
     t_done = time.perf_counter()
     ray.shutdown()
-    print("BENCH_RESULT " + json.dumps({"import_s": t_import - START, "total_s": t_done - START}))
+    report(import_s=t_import - START, total_s=t_done - START)
 
 
 if __name__ == "__main__":
