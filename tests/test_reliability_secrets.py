@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,150 @@ def test_a_secret_in_an_error_message_is_masked(tmp_path: Path) -> None:
     shown = proc.stdout + proc.stderr + _everything_the_instance_shows(home)
     assert "could not log in with token ***" in shown  # the error is there, and says what happened
     assert SECRET not in shown
+
+
+NESTED_SECRET = "tok-nested-" + hashlib.sha256(os.urandom(16)).hexdigest()[:24]
+
+# What the UI's run page, asset page and resource page ask the webserver for (dagster-webserver's GraphQL API).
+UI_QUERIES = """
+query RunPage($runId: ID!) {
+  runOrError(runId: $runId) { ... on Run { runId status runConfigYaml tags { key value } } }
+  logsForRun(runId: $runId, limit: 100000) {
+    __typename
+    ... on EventConnection { events {
+      __typename
+      ... on MessageEvent { message }
+      ... on MaterializationEvent { metadataEntries { ...metadataEntryFragment } }
+      ... on ObservationEvent { metadataEntries { ...metadataEntryFragment } }
+      ... on ExecutionStepOutputEvent { metadataEntries { ...metadataEntryFragment } }
+      ... on ExecutionStepFailureEvent { error { ...errorFragment } }
+      ... on RunFailureEvent { pipelineFailureError: error { ...errorFragment } }
+      ... on EngineEvent { metadataEntries { ...metadataEntryFragment } engineError: error { ...errorFragment } }
+      ... on HookErroredEvent { hookError: error { ...errorFragment } }
+      ... on AssetCheckEvaluationEvent { evaluation { metadataEntries { ...metadataEntryFragment } } }
+    } }
+  }
+}
+"""
+
+ASSET_AND_RESOURCE_QUERIES = """
+query AssetAndResourcePages($repo: RepositorySelector!, $job: PipelineSelector!) {
+  assetNodes { assetKey { path } description metadataEntries { ...metadataEntryFragment }
+    requiredResources { resourceKey }
+    assetMaterializations(limit: 10) { runId metadataEntries { ...metadataEntryFragment } } }
+  allTopLevelResourceDetailsOrError(repositorySelector: $repo) {
+    __typename
+    ... on ResourceDetailsList { results { name description resourceType
+      configFields { name description isRequired configType { key description } defaultValueAsJson }
+      configuredValues { key value type } } }
+  }
+  runConfigSchemaOrError(selector: $job) { __typename ... on RunConfigSchema { rootDefaultYaml } }
+}
+"""
+
+
+def _ask_ui(port: int, query: str, variables: dict | None = None) -> dict:
+    """The webserver's answer; a query it refuses fails with the reason it gives (not a bare HTTP 400)."""
+    import urllib.error
+
+    from tests.test_webserver import _graphql
+
+    try:
+        return _graphql(port, query, variables)
+    except urllib.error.HTTPError as err:
+        raise AssertionError(f"webserver refused the query: {err.read()[:2000]!r}") from None
+
+
+def _ui_fragments(errors: bool = True) -> str:
+    from dagster_graphql.client.query import ERROR_FRAGMENT, METADATA_ENTRY_FRAGMENT
+
+    return (ERROR_FRAGMENT if errors else "") + METADATA_ENTRY_FRAGMENT
+
+
+def _openai_spec(data_dir: Path, base_url: str) -> dict:
+    return {
+        "name": "keyed",
+        "source": {"format": "jsonl", "path": f"{data_dir}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "static", "keys": ["a"]},
+        "prepare": {"id_column": "doc_id", "template": "Say {text}"},
+        "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+        "model": {"provider": "openai", "config": {
+            "model": "echo", "base_url": base_url, "max_attempts": 1,
+            "api_key": {"env": "RELIABILITY_API_KEY"},
+            "extra_body": {"gateway": {"session_token": {"env": "RELIABILITY_NESTED_TOKEN"}}},
+        }},
+    }
+
+
+@pytest.mark.slow
+def test_the_ui_shows_env_references_never_the_secrets(tmp_path: Path) -> None:
+    """A real run with a top-level and a nested secret, then the real webserver asked what the UI shows."""
+    from tests.providers.fault_proxy import Echo, FaultProxy
+    from tests.test_webserver import _graphql, _wait_ready
+
+    data, pipelines, home = tmp_path / "data", tmp_path / "pipelines", tmp_path / "home"
+    write_jsonl(data / "a.jsonl", [{"doc_id": str(i), "text": f"row {i}"} for i in range(3)])
+    pipelines.mkdir()
+    home.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines),
+           "BATCH_STORAGE_ROOT": str(tmp_path / "store"), "RELIABILITY_API_KEY": SECRET,
+           "RELIABILITY_NESTED_TOKEN": NESTED_SECRET, "PYTHONPATH": str(ROOT)}
+    with FaultProxy(lambda key, n: Echo()) as proxy:
+        (pipelines / "keyed.yaml").write_text(yaml.safe_dump(_openai_spec(data, proxy.url)))
+        proc = subprocess.run(
+            [DAGSTER, "asset", "materialize", "-m", "batch_assets.definitions", "--select", "group:keyed",
+             "--partition", "a"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        sent = proxy.attempts_for("Say row 0")[0]
+    # both secrets reached the endpoint, so the run really used them
+    assert sent.authorization == f"Bearer {SECRET}"
+    assert sent.body["gateway"]["session_token"] == NESTED_SECRET
+
+    from tests.conftest import free_port
+
+    port, log = free_port(), tmp_path / "webserver.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).with_name("dagster-webserver")), "-m", "batch_assets.definitions",
+             "-h", "127.0.0.1", "-p", str(port)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        _wait_ready(port, server, log)
+        repos = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
+                               "location { name } } } } }")["repositoriesOrError"]["nodes"]
+        repo = {"repositoryName": repos[0]["name"], "repositoryLocationName": repos[0]["location"]["name"]}
+        runs = _graphql(port, "{ runsOrError { ... on Runs { results { runId } } } }")["runsOrError"]["results"]
+        assert len(runs) == 1
+        run_page = _ask_ui(port, UI_QUERIES + _ui_fragments(), {"runId": runs[0]["runId"]})
+        other_pages = _ask_ui(port, ASSET_AND_RESOURCE_QUERIES + _ui_fragments(errors=False),
+                               {"repo": repo, "job": {**repo, "pipelineName": "keyed_job"}})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=15)
+
+    events = run_page["logsForRun"]["events"]
+    assert run_page["runOrError"]["status"] == "SUCCESS"
+    assert any(e["__typename"] == "MaterializationEvent" and e["metadataEntries"] for e in events)
+    assert any(e["__typename"] == "AssetCheckEvaluationEvent" for e in events)
+    (details,) = [r for r in other_pages["allTopLevelResourceDetailsOrError"]["results"]
+                  if any(v["key"] == "api_key" for v in r["configuredValues"])]
+    configured = {v["key"]: v for v in details["configuredValues"]}
+    # the pages do show the config, as references: the checks below look where a secret would be
+    assert configured["api_key"]["type"] == "ENV_VAR" and configured["api_key"]["value"] == "RELIABILITY_API_KEY"
+    assert "RELIABILITY_NESTED_TOKEN" in configured["extra_body"]["value"]
+    assert {f["name"] for f in details["configFields"]} >= {"api_key", "extra_body"}
+    materialized = [m for n in other_pages["assetNodes"] for m in n["assetMaterializations"]]
+    assert len(materialized) == 4 and all(m["metadataEntries"] for m in materialized)
+
+    shown = json.dumps(run_page) + json.dumps(other_pages)
+    for secret in (SECRET, NESTED_SECRET):
+        assert secret not in shown
+    assert SECRET not in log.read_text() and NESTED_SECRET not in log.read_text()
