@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from batch_assets.storage import filesystem_for, is_remote, join, partition_file_name
+from batch_assets.storage import (credentials_refused, filesystem_for, is_remote, join, partition_file_name,
+                                  storage_access_refused)
 
 LEASE_S = 60.0
 log = logging.getLogger(__name__)
@@ -89,7 +90,9 @@ def _s3_client():
 
     from batch_assets.storage import s3_options_from_env
 
-    return boto3.client("s3", **s3_options_from_env()["client_kwargs"])
+    # a session of its own: boto3's default session keeps the first credentials it resolved for the process's
+    # life, so a changed AWS_ACCESS_KEY_ID (fixed key, new code server environment, tests) would be ignored
+    return boto3.session.Session().client("s3", **s3_options_from_env()["client_kwargs"])
 
 
 def _precondition_failed(exc: Exception) -> bool:
@@ -112,6 +115,8 @@ def _s3_lease(url: str, say: Callable[[str], None]) -> Iterator[None]:
             etag = client.put_object(Bucket=bucket, Key=key, Body=body(), IfNoneMatch="*")["ETag"]
             break
         except Exception as exc:
+            if credentials_refused(exc):
+                raise storage_access_refused(url, exc) from None
             if not _precondition_failed(exc):
                 raise
         try:

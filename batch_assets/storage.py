@@ -53,6 +53,33 @@ def s3_options_from_env() -> dict[str, Any]:
     return {"client_kwargs": client_kwargs}
 
 
+# S3 answers that mean the credentials were refused (unknown key id, wrong secret, expired token, no permission):
+# retrying cannot fix them, so they fail the step at once with the fix instead of a botocore traceback.
+REFUSED_CREDENTIAL_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                            "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem", "403"}
+
+
+def credentials_refused(exc: BaseException) -> bool:
+    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    return (code in REFUSED_CREDENTIAL_CODES or isinstance(exc, PermissionError)
+            or type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"))
+
+
+def storage_access_refused(url: str, exc: BaseException):
+    """The PipelineError for S3 refusing the credentials at `url` under the storage root (no secret is in it:
+    S3's message names at most the key id)."""
+    from batch_assets.errors import PipelineError
+
+    error = getattr(exc, "response", {}).get("Error", {})
+    detail = f"{error.get('Code')}: {error.get('Message')}" if error else f"{type(exc).__name__}: {exc}"
+    return PipelineError(
+        f"S3 refused the credentials for the storage root at {url} ({detail})", file=url,
+        fix="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or the pod's IAM role) where the "
+        "pipeline runs to a key that may read and write this bucket, or point the storage root (BATCH_STORAGE_ROOT / "
+        "the storage resource's `root`) at a bucket those credentials may use",
+    )
+
+
 def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path within it) for a local path or an s3:// URL."""
     if url.startswith("s3://"):

@@ -8,52 +8,36 @@ import pytest
 
 from batch_assets.errors import PipelineError
 from batch_assets.storage import ArrowStorage, exists
+from tests.bad_input_helpers import assert_nothing_published, failure_message
 from tests.conftest import EMBED_SPEC, make_spec, run_pipeline, write_csv, write_jsonl
 
 CSV_EMBED = {**EMBED_SPEC, "source": {"format": "csv", "path": "PLACEHOLDER/{partition}.csv", "columns": ["doc_id", "text"]}}
 
 
-def _fail(spec, root: Path, key: str) -> str:
-    result = run_pipeline(spec, root, [key], raise_on_error=False)
-    assert not result.success
-    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failures, "a step must fail"
-    error = failures[0].event_specific_data.error
-    return error.cause.message if error.cause else error.message
-
-
-def _nothing_visible(spec, root: Path, key: str) -> None:
-    storage = ArrowStorage(root=str(root))
-    for stage in ("raw", "prepared", "inferred", "output"):
-        assert not exists(storage.stage_url(spec.name, stage, key)), f"{stage} must not be visible"
-    leftovers = [p for p in Path(root).rglob("*") if p.is_file()] if Path(root).exists() else []
-    assert leftovers == []
-
-
 def test_missing_input_column(tmp_path: Path) -> None:
     write_csv(tmp_path / "d" / "a.csv", ["doc_id", "body"], [["1", "hello"]])
     spec = make_spec(CSV_EMBED, tmp_path / "d")
-    msg = _fail(spec, tmp_path / "store", "a")
+    msg = failure_message(spec, tmp_path / "store", "a")
     assert "'text' not found" in msg and "doc_id, body" in msg
     assert "pipeline 'docs'" in msg and "partition 'a'" in msg and "a.csv" in msg and "column 'text'" in msg
     assert "What to do" in msg
-    _nothing_visible(spec, tmp_path / "store", "a")
+    assert_nothing_published(spec, tmp_path / "store", "a")
 
 
 def test_empty_file(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.csv").write_bytes(b"")
     spec = make_spec(CSV_EMBED, tmp_path / "d")
-    msg = _fail(spec, tmp_path / "store", "a")
+    msg = failure_message(spec, tmp_path / "store", "a")
     assert "empty" in msg and "partition 'a'" in msg and "a.csv" in msg and "pipeline 'docs'" in msg
-    _nothing_visible(spec, tmp_path / "store", "a")
+    assert_nothing_published(spec, tmp_path / "store", "a")
 
 
 def test_path_that_does_not_exist(tmp_path: Path) -> None:
     spec = make_spec(CSV_EMBED, tmp_path / "nowhere")
-    msg = _fail(spec, tmp_path / "store", "a")
+    msg = failure_message(spec, tmp_path / "store", "a")
     assert "does not exist" in msg and "nowhere/a.csv" in msg and "partition 'a'" in msg
-    _nothing_visible(spec, tmp_path / "store", "a")
+    assert_nothing_published(spec, tmp_path / "store", "a")
 
 
 def test_non_utf8_csv_names_row_and_column(tmp_path: Path) -> None:
@@ -61,10 +45,10 @@ def test_non_utf8_csv_names_row_and_column(tmp_path: Path) -> None:
     rows[16][1] = "Caf\u00e9 cr\u00e8me"  # row 17 written as latin-1 below: invalid UTF-8
     write_csv(tmp_path / "d" / "a.csv", ["doc_id", "text"], rows, encoding="latin-1")
     spec = make_spec(CSV_EMBED, tmp_path / "d")
-    msg = _fail(spec, tmp_path / "store", "a")
+    msg = failure_message(spec, tmp_path / "store", "a")
     assert "not valid utf-8" in msg and "row 17" in msg and "column 'text'" in msg and "a.csv" in msg
     assert "source.encoding" in msg
-    _nothing_visible(spec, tmp_path / "store", "a")
+    assert_nothing_published(spec, tmp_path / "store", "a")
     # and the suggested fix works
     fixed = make_spec(CSV_EMBED, tmp_path / "d", source={"encoding": "latin-1"})
     assert run_pipeline(fixed, tmp_path / "store2", ["a"]).success
@@ -84,10 +68,10 @@ def test_failure_in_a_later_partition_keeps_earlier_ones_whole(tmp_path: Path) -
 def test_duplicate_and_blank_row_ids(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "d" / "a.jsonl", [{"doc_id": "1", "text": "x"}, {"doc_id": "1", "text": "y"}])
     spec = make_spec(EMBED_SPEC, tmp_path / "d")
-    msg = _fail(spec, tmp_path / "store", "a")
+    msg = failure_message(spec, tmp_path / "store", "a")
     assert "row id '1' appears more than once" in msg and "row 2" in msg and "a.jsonl" in msg
     write_jsonl(tmp_path / "e" / "a.jsonl", [{"doc_id": "1", "text": "x"}, {"doc_id": "", "text": "y"}])
-    msg = _fail(make_spec(EMBED_SPEC, tmp_path / "e"), tmp_path / "store2", "a")
+    msg = failure_message(make_spec(EMBED_SPEC, tmp_path / "e"), tmp_path / "store2", "a")
     assert "row id is empty" in msg and "row 2" in msg and "column 'doc_id'" in msg
 
 

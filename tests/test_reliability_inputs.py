@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets.storage import ArrowStorage, exists
+from tests.bad_input_helpers import assert_nothing_published, failure_message
 from tests.conftest import read_output, run_pipeline, write_csv, write_jsonl
 from batch_assets.spec import parse_spec
 
@@ -97,23 +97,6 @@ CASES: dict[str, Callable[[Path], tuple[Any, list[str]]]] = {
 }
 
 
-def failure_message(spec, root: Path, key: str) -> str:
-    result = run_pipeline(spec, root, [key], raise_on_error=False)
-    assert not result.success
-    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failures, "a step must fail"
-    error = failures[0].event_specific_data.error
-    return error.cause.message if error.cause else error.message
-
-
-def assert_nothing_published(spec, root: Path, key: str) -> None:
-    storage = ArrowStorage(root=str(root))
-    for stage in ("raw", "prepared", "inferred", "output"):
-        assert not exists(storage.stage_url(spec.name, stage, key)), f"{stage} must not be visible"
-    files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
-    assert files == [], files
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_a_clear_error_and_nothing_is_published(tmp_path: Path, case: str) -> None:
     spec, expected = CASES[case](tmp_path / "data")
@@ -183,3 +166,43 @@ def test_broken_specs_do_not_stop_the_good_pipeline(tmp_path: Path, monkeypatch:
     assert defs.resolve_job_def("lengths_job").execute_in_process(partition_key="a").success
     assert json.dumps(pq.read_table(store / "lengths" / "output" / "a.parquet").to_pylist()) == \
         json.dumps([{"doc_id": "1", "text": "hello", "row_id": "1", "length": 5, "error": None}])
+
+
+@pytest.fixture(scope="module")
+def s3_checking_keys():
+    from tests.s3_auth import authenticated_s3
+
+    with authenticated_s3() as s3:
+        s3.client().put_object(Bucket=s3.bucket, Key="in/a.jsonl",
+                               Body=b'{"doc_id": "1", "text": "x"}\n{"doc_id": "2", "text": "yy"}\n')
+        yield s3
+
+
+WRONG_KEYS = {"unknown access key id": ("AKIAWRONGWRONGWRONG1", None), "wrong secret for a real key id": (None, "w" * 40)}
+
+
+@pytest.mark.parametrize("where", ["source", "storage root"])
+@pytest.mark.parametrize("wrong", list(WRONG_KEYS))
+def test_bad_s3_credentials_name_the_place_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       s3_checking_keys, where: str, wrong: str) -> None:
+    s3 = s3_checking_keys
+    key_id, secret = WRONG_KEYS[wrong]
+    for name, value in {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region,
+                        "AWS_ACCESS_KEY_ID": key_id or s3.key_id,
+                        "AWS_SECRET_ACCESS_KEY": secret or s3.secret}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    if where == "source":
+        spec, root, place = _spec(LENGTH_SPEC, f"s3://{s3.bucket}/in"), tmp_path / "store", f"s3://{s3.bucket}/in"
+    else:
+        write_jsonl(tmp_path / "data" / "a.jsonl", [{"doc_id": "1", "text": "x"}])
+        spec, root, place = _spec(LENGTH_SPEC, tmp_path / "data"), f"s3://{s3.bucket}/store", f"s3://{s3.bucket}/store"
+    msg = failure_message(spec, root, "a")
+    for part in [place, "refused", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", f"pipeline '{spec.name}'",
+                 "partition 'a'", "What to do"]:
+        assert part in msg, f"{where}, {wrong}: {part!r} not in {msg!r}"
+    assert s3.secret not in msg and (secret or s3.secret) not in msg
+    assert s3.keys("store/") == []  # nothing published (or left behind) under an S3 storage root
+    if where == "source":
+        assert_nothing_published(spec, root, "a")

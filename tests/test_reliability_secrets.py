@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 
 from batch_assets.spec import SpecError, parse_spec
 from tests.conftest import write_jsonl
+from tests.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -255,12 +255,7 @@ def test_the_ui_shows_env_references_never_the_secrets(tmp_path: Path) -> None:
         other_pages = _ask_ui(port, ASSET_AND_RESOURCE_QUERIES + _ui_fragments(errors=False),
                                {"repo": repo, "job": {**repo, "pipelineName": "keyed_job"}})
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=15)
+        stop_process_group(server)
 
     events = run_page["logsForRun"]["events"]
     assert run_page["runOrError"]["status"] == "SUCCESS"
