@@ -1,9 +1,9 @@
 """The blocking checks that guard publishing, evaluated on `inferred` before the write stage may run.
 
 - `rows_exactly_once`: the row ids of `inferred` are the row ids of the SOURCE (read again, not the `raw` copy),
-  each exactly once. Compared as multiset digests (count, and two sums of 64-bit hashes modulo 2^64), so memory does
-  not grow with the partition: equal multisets always pass; a missing, repeated or foreign id changes the sums
-  except with probability ~2^-64.
+  each exactly once. Compared as multiset fingerprints (batch_assets/row_ids.py `RowIdFingerprint`), so memory does
+  not grow with the partition: equal multisets always pass; a missing, repeated or foreign id changes the
+  fingerprint except with probability ~2^-64.
 - `error_rate`: rows the model failed on (after retries) over rows, at most `runtime.max_error_fraction`.
 - `output_schema`: every declared output column is present with its declared type (batch_assets/infer_tasks.py
   `declared_output_types`), `error` is a string column, and no output column is left without a type.
@@ -12,60 +12,39 @@ A failed blocking check fails the infer step after recording its result: the out
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from batch_assets.infer_tasks import ERROR_COLUMN, declared_output_types
-from batch_assets.partitions import resolve_partition, row_hashes, stable_hash64
+from batch_assets.partitions import resolve_partition, row_hashes
 from batch_assets.report import PartitionReport
+from batch_assets.row_ids import RowIdFingerprint
 from batch_assets.sources import read_partition
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import parquet_schema, read_batches
 
 ROWS_CHECK, ERROR_CHECK, SCHEMA_CHECK = "rows_exactly_once", "error_rate", "output_schema"
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-@dataclass
-class RowDigest:
-    """An order-independent digest of a multiset of row ids, in constant memory."""
-
-    count: int = 0
-    total: int = 0
-    mixed: int = 0
-
-    def add(self, ids: list[str]) -> None:
-        self.add_hashes(stable_hash64(ids))
-
-    def add_hashes(self, h: np.ndarray) -> None:
-        with np.errstate(over="ignore"):
-            m = (h ^ (h >> np.uint64(31))) * _MIX
-            self.total = (self.total + int(h.sum(dtype=np.uint64))) % 2**64
-            self.mixed = (self.mixed + int(m.sum(dtype=np.uint64))) % 2**64
-        self.count += len(h)
-
-
-def source_digest(spec: PipelineSpec, key: str) -> RowDigest:
-    digest = RowDigest()
+def source_digest(spec: PipelineSpec, key: str) -> RowIdFingerprint:
+    digest = RowIdFingerprint()
     for batch in read_partition(spec, resolve_partition(spec, key)):
         digest.add_hashes(row_hashes(batch))  # hashed by this read itself (`_row_hash`), not a second time
     return digest
 
 
-def file_digest(url: str) -> RowDigest:
-    digest = RowDigest()
+def file_digest(url: str) -> RowIdFingerprint:
+    digest = RowIdFingerprint()
     for batch in read_batches(url, columns=["row_id"]):
-        digest.add(batch.column(0).to_pylist())
+        digest.add(batch)
     return digest
 
 
 def rows_problem(spec: PipelineSpec, key: str, url: str) -> tuple[str | None, dict[str, Any]]:
     src, out = source_digest(spec, key), file_digest(url)
     facts = {"source_rows": src.count, "inferred_rows": out.count}
-    if (src.count, src.total, src.mixed) == (out.count, out.total, out.mixed):
+    if src == out:
         return None, facts
     if src.count != out.count:
         return f"{out.count} rows for {src.count} source rows", facts

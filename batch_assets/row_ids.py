@@ -2,8 +2,8 @@
 
 Two structures, both fed batch by batch while a stage streams:
 
-- `RowIdFingerprint`: an order-independent fingerprint of a multiset of ids (count plus two sums of 64-bit hashes,
-  mod 2**64) -- O(1) memory whatever the partition size. The read stage takes it of the rows it reads from the source
+- `RowIdFingerprint`: an order-independent fingerprint of a multiset of ids (count, the sum of the ids' 64-bit hashes
+  and the sum of a bijective mix of them, mod 2**64) -- O(1) memory whatever the partition size. The read stage takes it of the rows it reads from the source
   and stores it in the `raw` file's Parquet metadata; the write stage takes it of the rows it publishes, and the two
   must be equal. Adding is commutative, so order and batching do not matter; a missing, repeated or foreign row
   changes the count or (with probability ~2**-64 per sum) the sums. Only when they differ does a second pass
@@ -14,27 +14,40 @@ Two structures, both fed batch by batch while a stage streams:
   fails a good partition. Documented bound: 16 bytes a row at peak, e.g. 160 MB for 10 million rows.
 
 Unique source ids (checked in prepare) + equal fingerprints of source and output = every source row exactly once.
+
+One hash for every purpose: the id's stable 64-bit hash (`partitions.stable_hash64`, the one shards are assigned by).
+The read stage computes it once and carries it (`_row_hash`); the fingerprint and the uniqueness check of the read
+take the carried value, and only the places that must prove what they hold (the ids being published, the `inferred`
+file under check) hash the ids they read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from batch_assets.partitions import row_hashes, stable_hash64
+
 MASK = (1 << 64) - 1
 FINGERPRINT_KEY = b"batch_assets.row_id_fingerprint"
 
 
-def id_hashes(ids: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each id (one 128-bit blake2b digest), stable across processes."""
-    raw = b"".join(hashlib.blake2b(v.encode("utf-8"), digest_size=16).digest() for v in ids)
-    pairs = np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
-    return pairs[:, 0], pairs[:, 1]
+FINGERPRINT_HASH = "blake2b64+mix"  # stored with the fingerprint: one taken with another hash is not comparable
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def id_hashes(ids: list[str]) -> np.ndarray:
+    """The ids' stable 64-bit hashes (the same in every process)."""
+    return stable_hash64(ids)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (h ^ (h >> np.uint64(31))) * _MIX
 
 
 def _ids(batch: pa.RecordBatch | pa.Table) -> list[str]:
@@ -47,24 +60,32 @@ class RowIdFingerprint:
     sum1: int = 0
     sum2: int = 0
 
-    def add_ids(self, ids: list[str]) -> None:
-        if not ids:
+    def add_hashes(self, h: np.ndarray) -> None:
+        """Add ids by their stable hashes (`id_hashes`, or the `_row_hash` the read stage computed)."""
+        if not len(h):
             return
-        h1, h2 = id_hashes(ids)
         # numpy uint64 sums wrap mod 2**64, which is what we want (and what Python ints are reduced to below).
-        self.count += len(ids)
-        self.sum1 = (self.sum1 + int(h1.sum(dtype=np.uint64))) & MASK
-        self.sum2 = (self.sum2 + int(h2.sum(dtype=np.uint64))) & MASK
+        self.count += len(h)
+        self.sum1 = (self.sum1 + int(h.sum(dtype=np.uint64))) & MASK
+        self.sum2 = (self.sum2 + int(_mix(h).sum(dtype=np.uint64))) & MASK
+
+    def add_ids(self, ids: list[str]) -> None:
+        self.add_hashes(id_hashes(ids))
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Add the batch's `row_id` values, hashed here: what is proven is the ids themselves."""
         self.add_ids(_ids(batch))
 
     def to_json(self) -> str:
-        return json.dumps({"count": self.count, "sum1": f"{self.sum1:016x}", "sum2": f"{self.sum2:016x}"})
+        return json.dumps({"hash": FINGERPRINT_HASH, "count": self.count, "sum1": f"{self.sum1:016x}",
+                           "sum2": f"{self.sum2:016x}"})
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "RowIdFingerprint":
+    def from_json(cls, text: str | bytes) -> "RowIdFingerprint | None":
+        """The stored fingerprint, or None when it was taken with another hash (a file from an older version)."""
         data = json.loads(text)
+        if data.get("hash") != FINGERPRINT_HASH:
+            return None
         return cls(int(data["count"]), int(data["sum1"], 16), int(data["sum2"], 16))
 
 
@@ -79,7 +100,7 @@ class IdDifferences:
 
 
 def _sorted_hashes(batches: Iterator[pa.RecordBatch]) -> np.ndarray:
-    parts = [id_hashes(_ids(b))[0].copy() for b in batches]
+    parts = [id_hashes(_ids(b)) for b in batches]
     out = np.concatenate(parts) if parts else np.empty(0, np.uint64)
     out.sort()
     return out
@@ -103,7 +124,7 @@ def name_differences(source: Callable[[], Iterator[pa.RecordBatch]],
         found: list[str] = []
         for batch in batches():
             ids = _ids(batch)
-            for rid, h in zip(ids, id_hashes(ids)[0].tolist()):
+            for rid, h in zip(ids, id_hashes(ids).tolist()):
                 if h in wanted and rid not in found:
                     found.append(rid)
             if len(found) >= len(wanted):
@@ -121,8 +142,11 @@ class UniqueIdChecker:
         self._hashes = np.empty(initial_rows, dtype=np.uint64)
         self._n = 0
 
-    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
-        h = id_hashes(_ids(batch))[0]
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Add a batch's ids, by the `_row_hash` it carries (hashed here when it has none)."""
+        self.add_hashes(row_hashes(batch))
+
+    def add_hashes(self, h: np.ndarray) -> None:
         need = self._n + len(h)
         if need > len(self._hashes):
             grown = np.empty(max(need, 2 * len(self._hashes)), dtype=np.uint64)
@@ -152,7 +176,7 @@ class UniqueIdChecker:
             ids = _ids(batch)
             files = batch.column("_source_file").to_pylist()
             rows = batch.column("_source_row").to_pylist()
-            for i, h in enumerate(id_hashes(ids)[0].tolist()):
+            for i, h in enumerate(id_hashes(ids).tolist()):
                 if h in wanted:
                     places.setdefault(ids[i], []).append((files[i], rows[i]))
         # equal hashes of different ids are collisions, not duplicates

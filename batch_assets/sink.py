@@ -94,8 +94,9 @@ def _written_schema(spec: PipelineSpec, url: str, out_schema: pa.Schema) -> pa.S
 def source_fingerprint(raw_url: str) -> RowIdFingerprint:
     """The fingerprint the read stage took of the source rows (a raw file from before it existed: recomputed)."""
     stored = parquet_footer_metadata(raw_url).get(FINGERPRINT_KEY)
-    if stored:
-        return RowIdFingerprint.from_json(stored)
+    fp = RowIdFingerprint.from_json(stored) if stored else None
+    if fp is not None:
+        return fp
     fp = RowIdFingerprint()
     for batch in read_batches(raw_url, columns=["row_id"]):
         fp.add(batch)

@@ -19,7 +19,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, shard_of, stable_hash64
+from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, row_hashes, shard_of, stable_hash64
 from batch_assets.report import PartitionReport
 from batch_assets.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
@@ -43,8 +43,9 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     unique = UniqueIdChecker()  # 8 bytes a row
     with write_parquet(url) as writer:
         for batch in read_partition(spec, part, scanned):
-            source_ids.add(batch)
-            unique.add(batch)
+            hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
+            source_ids.add_hashes(hashes)
+            unique.add_hashes(hashes)
             writer.write(batch)
         # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
         check_unique(unique, lambda: read_partition(spec, part))
@@ -73,14 +74,14 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     with ExitStack() as stack:
         writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
         for batch in read_partition(spec, scope, scanned):
-            shards = shard_of(batch.column(ROW_HASH).to_numpy(), count)
+            hashes = row_hashes(batch)
+            shards = shard_of(hashes, count)
             for k, i in index.items():
                 mask = shards == np.uint64(i)
                 if mask.any():
-                    part = batch.filter(pa.array(mask))
-                    source_ids[k].add(part)
-                    unique[k].add(part)
-                    writers[k].write(part)
+                    source_ids[k].add_hashes(hashes[mask])
+                    unique[k].add_hashes(hashes[mask])
+                    writers[k].write(batch.filter(pa.array(mask)))
         for k in keys:  # still inside every write: a repeated id commits no shard
             check_unique(unique[k], lambda k=k: read_partition(spec, resolve_partition(spec, k)))
             writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
