@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
+import tempfile
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import free_port
-from tests.processes import stop_process_group
 
 UNAUTHENTICATED_SETUP_REQUESTS = 3  # create_user, put_user_policy, create_access_key
 
@@ -50,11 +49,12 @@ class AuthenticatedS3:
 def authenticated_s3(bucket: str = "creds-bucket") -> Iterator[AuthenticatedS3]:
     import boto3
 
+    from tests.daemon_helpers import dev_server
+
     port = free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(UNAUTHENTICATED_SETUP_REQUESTS)}
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    command = [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)]
+    with tempfile.TemporaryDirectory() as tmp, dev_server(command, env, Path(tmp) / "moto.log") as server:
         deadline = time.monotonic() + 30
         while True:
             assert server.poll() is None, "moto_server exited"
@@ -74,5 +74,3 @@ def authenticated_s3(bucket: str = "creds-bucket") -> Iterator[AuthenticatedS3]:
         s3 = AuthenticatedS3(endpoint, key["AccessKeyId"], key["SecretAccessKey"], bucket)
         s3.client().create_bucket(Bucket=bucket)
         yield s3
-    finally:
-        stop_process_group(server)

@@ -17,7 +17,6 @@ import yaml
 
 from batch_assets.spec import SpecError, parse_spec
 from tests.conftest import write_jsonl
-from tests.processes import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -179,10 +178,10 @@ def _ask_ui(port: int, query: str, variables: dict | None = None) -> dict:
     """The webserver's answer; a query it refuses fails with the reason it gives (not a bare HTTP 400)."""
     import urllib.error
 
-    from tests.test_webserver import _graphql
+    from tests.daemon_helpers import graphql
 
     try:
-        return _graphql(port, query, variables)
+        return graphql(port, query, variables)
     except urllib.error.HTTPError as err:
         raise AssertionError(f"webserver refused the query: {err.read()[:2000]!r}") from None
 
@@ -212,13 +211,12 @@ def _openai_spec(data_dir: Path, base_url: str) -> dict:
 def test_the_ui_shows_env_references_never_the_secrets(tmp_path: Path) -> None:
     """A real run with a top-level and a nested secret, then the real webserver asked what the UI shows."""
     from tests.providers.fault_proxy import Echo, FaultProxy
-    from tests.test_webserver import _graphql, _wait_ready
 
-    data, pipelines, home = tmp_path / "data", tmp_path / "pipelines", tmp_path / "home"
+    from tests.daemon_helpers import dagster_home
+
+    data, pipelines, home = tmp_path / "data", tmp_path / "pipelines", dagster_home(tmp_path / "home")
     write_jsonl(data / "a.jsonl", [{"doc_id": str(i), "text": f"row {i}"} for i in range(3)])
     pipelines.mkdir()
-    home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines),
            "BATCH_STORAGE_ROOT": str(tmp_path / "store"), "RELIABILITY_API_KEY": SECRET,
            "RELIABILITY_NESTED_TOKEN": NESTED_SECRET, "PYTHONPATH": str(ROOT)}
@@ -236,26 +234,20 @@ def test_the_ui_shows_env_references_never_the_secrets(tmp_path: Path) -> None:
     assert sent.body["gateway"]["session_token"] == NESTED_SECRET
 
     from tests.conftest import free_port
+    from tests.daemon_helpers import dev_server, wait_ready
 
     port, log = free_port(), tmp_path / "webserver.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(
-            [str(Path(sys.executable).with_name("dagster-webserver")), "-m", "batch_assets.definitions",
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        _wait_ready(port, server, log)
-        repos = _graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
-                               "location { name } } } } }")["repositoriesOrError"]["nodes"]
-        repo = {"repositoryName": repos[0]["name"], "repositoryLocationName": repos[0]["location"]["name"]}
-        runs = _graphql(port, "{ runsOrError { ... on Runs { results { runId } } } }")["runsOrError"]["results"]
+    webserver = [str(Path(sys.executable).with_name("dagster-webserver")), "-m", "batch_assets.definitions",
+                 "-h", "127.0.0.1", "-p", str(port)]
+    with dev_server(webserver, env, log) as server:
+        location = wait_ready(port, server, log)
+        repos = _ask_ui(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }")
+        repo = {"repositoryName": repos["repositoriesOrError"]["nodes"][0]["name"], "repositoryLocationName": location}
+        runs = _ask_ui(port, "{ runsOrError { ... on Runs { results { runId } } } }")["runsOrError"]["results"]
         assert len(runs) == 1
         run_page = _ask_ui(port, UI_QUERIES + _ui_fragments(), {"runId": runs[0]["runId"]})
         other_pages = _ask_ui(port, ASSET_AND_RESOURCE_QUERIES + _ui_fragments(errors=False),
-                               {"repo": repo, "job": {**repo, "pipelineName": "keyed_job"}})
-    finally:
-        stop_process_group(server)
+                              {"repo": repo, "job": {**repo, "pipelineName": "keyed_job"}})
 
     events = run_page["logsForRun"]["events"]
     assert run_page["runOrError"]["status"] == "SUCCESS"
