@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,12 +14,10 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_docs_commands import ROOT, documented_commands
+from tests.daemon_helpers import DAGSTER, ROOT, dagster_home
+from tests.test_docs_commands import documented_commands
 
 pytestmark = pytest.mark.slow
-DAGSTER = str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "dagster")
-if not Path(DAGSTER).exists():
-    DAGSTER = shutil.which("dagster") or "dagster"
 
 
 def _page_commands() -> list[str]:
@@ -38,9 +35,7 @@ def _run(command: str, env: dict[str, str]) -> str:
 def test_launch_path_commands_run_as_written(tmp_path: Path) -> None:
     commands = _page_commands()
     assert len(commands) == 6, commands  # the page's two terminal runs, two backfills, two pool commands
-    home, store = tmp_path / "home", tmp_path / "store"
-    home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    home, store = dagster_home(tmp_path / "home"), tmp_path / "store"
     env = {k: v for k, v in os.environ.items() if k != "BATCH_PIPELINES_DIR"}
     env.update(DAGSTER_HOME=str(home), BATCH_STORAGE_ROOT=str(store))
 

@@ -17,7 +17,7 @@ from resources.hf.embedder import SentenceTransformerEmbedder
 from resources.protocols import GenerationParams
 from resources.tokens import generation_limit, load_tokenizer
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC, make_spec, read_output, run_pipeline, write_csv, write_jsonl
-from tests.test_reliability_inputs import failure_message
+from tests.bad_input_helpers import failure_message
 
 LONG = "The quarterly report describes revenue, churn and hiring across every regional office in detail. " * 40
 ROWS = [
