@@ -153,3 +153,27 @@ def test_pipeline_on_s3_storage_and_source(s3_bucket: str, tmp_path: Path) -> No
     assert fs.exists(f"{s3_bucket.removeprefix('s3://')}/store/docs/output/b.parquet")
     staged = list(read_batches(ArrowStorage(root=f"{s3_bucket}/store").stage_url("docs", "inferred", "a")))
     assert sum(b.num_rows for b in staged) == 5
+
+
+def test_concurrent_cpu_encode_calls_give_the_same_output_in_order(tmp_path: Path) -> None:
+    """On CPU several chunks are encoded at once by the one model (`cpu_workers`); the output is the same rows, in
+    the same order, with the same vectors as one call at a time."""
+    import numpy as np
+
+    rows = docs_rows("a", 45)
+    rows[9]["text"] = ""  # an empty input inside a concurrently encoded chunk
+    write_jsonl(tmp_path / "data" / "a.jsonl", rows)
+    tables = {}
+    for workers in (1, 3):
+        spec = make_spec(EMBED_SPEC, tmp_path / "data", model={"provider": "sentence_transformers",
+                                                              "config": {"batch_size": 4, "cpu_workers": workers}})
+        assert run_pipeline(spec, tmp_path / f"store-{workers}", ["a"]).success
+        tables[workers] = read_output(spec, tmp_path / f"store-{workers}", "a")
+    one, three = tables[1].to_pylist(), tables[3].to_pylist()
+    assert [r["doc_id"] for r in three] == [r["doc_id"] for r in one] == [r["doc_id"] for r in rows]
+    for a, b in zip(one, three):
+        assert a["error"] == b["error"]
+        if a["embedding"] is None:
+            assert b["embedding"] is None and a["doc_id"] == "a9"
+        else:
+            assert np.allclose(a["embedding"], b["embedding"], atol=1e-5)

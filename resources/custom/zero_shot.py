@@ -29,6 +29,10 @@ class ZeroShotEmbeddingClassifier(ModelResource):
     )
     device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
     batch_size: int = Field(default=32, ge=1, description="Texts per forward pass (encode sorts each call by length).")
+    cpu_workers: int | None = Field(
+        default=None, ge=1,
+        description="On CPU, chunks classified at once by one shared model (None: one per core, at most 4).",
+    )
     hypothesis_template: str = Field(
         default="This text is about {label}.",
         description="Sentence embedded for a label without a description; must contain {label}.",
@@ -63,7 +67,13 @@ class ZeroShotEmbeddingClassifier(ModelResource):
         from resources.hf.embedder import SentenceTransformerEmbedder
 
         self._label_vectors = {}
-        return SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size).load()
+        return SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size,
+                                           cpu_workers=self.cpu_workers).load()
+
+    def chunks_in_flight(self, chunk_rows: int) -> int:
+        from resources.hf.embedder import cpu_encode_workers
+
+        return cpu_encode_workers(self.loaded, self.cpu_workers)
 
     def input_tokenizer(self) -> Any:
         return self.loaded.tokenizer
