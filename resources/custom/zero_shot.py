@@ -29,9 +29,8 @@ class ZeroShotEmbeddingClassifier(ModelResource):
     )
     device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
     batch_size: int = Field(default=32, ge=1, description="Texts per forward pass (encode sorts each call by length).")
-    cpu_workers: int | None = Field(
-        default=None, ge=1,
-        description="On CPU, chunks classified at once by one shared model (None: one per core, at most 4).",
+    cpu_workers: int = Field(
+        default=1, ge=1, description="On CPU, chunks classified at once by the one model (see sentence_transformers).",
     )
     hypothesis_template: str = Field(
         default="This text is about {label}.",

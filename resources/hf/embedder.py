@@ -27,11 +27,12 @@ class SentenceTransformerEmbedder(ModelResource):
         "call; on CPU 32 beat 64 (less padding).",
     )
     normalize: bool = Field(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
-    cpu_workers: int | None = Field(
-        default=None, ge=1,
-        description="On CPU, chunks encoded at once by one shared model on as many threads (None: one per CPU core, "
-        "at most 4). Small encoder batches use two cores poorly from one call; two calls at once use both "
-        "(measured in docs/BENCHMARKS.md). On a GPU one call at a time.",
+    cpu_workers: int = Field(
+        default=1, ge=1,
+        description="On CPU, chunks encoded at once by the one model on as many threads. Alone, on 2 cores, 2 calls "
+        "encoded 2,048 MiniLM texts in 4.3-4.4 s (4.0 s with OMP_NUM_THREADS=1) against 5.0-5.9 s for 512-row calls "
+        "one at a time; in the whole pipeline it gained nothing measurable (docs/BENCHMARKS.md), so it is off by "
+        "default. Ignored on a GPU (one call at a time).",
     )
 
     def load(self) -> Any:
@@ -44,17 +45,10 @@ class SentenceTransformerEmbedder(ModelResource):
         # One call before any concurrent ones: the first call sets the tokenizer's padding and truncation, the only
         # mutation of the shared Rust tokenizer; later calls with the same settings only read it.
         model.encode(["warm-up"], show_progress_bar=False)
-        workers = cpu_encode_workers(model, self.cpu_workers)
-        if workers > 1:
-            import torch
-
-            # Each concurrent call gets its share of the cores: measured on 2 cores, 2 calls x 1 thread encoded
-            # 2,048 texts in 4.0 s, 2 calls x 2 threads in 4.3 s, 1 call over all of them in 4.3-4.8 s.
-            torch.set_num_threads(max(1, _cores() // workers))
         return model
 
     def chunks_in_flight(self, chunk_rows: int) -> int:
-        """Concurrent encode calls the infer loop may run on this one model: CPU cores (<= 4) on CPU, else 1."""
+        """Concurrent encode calls the infer loop may run on this one model (`cpu_workers` on CPU, else 1)."""
         return cpu_encode_workers(self.loaded, self.cpu_workers)
 
     @property
@@ -83,17 +77,8 @@ class SentenceTransformerEmbedder(ModelResource):
         return np.asarray(vectors, dtype=np.float32)
 
 
-def cpu_encode_workers(model: Any, configured: int | None) -> int:
-    """Encode calls at once for a sentence-transformers model: 1 off CPU; on CPU the configured number, else one
-    per core the process may use (at most 4)."""
+def cpu_encode_workers(model: Any, configured: int) -> int:
+    """Encode calls at once for a sentence-transformers model: 1 off CPU, else the configured number."""
     if str(getattr(model, "device", "cpu")).split(":")[0] != "cpu":
         return 1
-    if configured is not None:
-        return configured
-    return max(1, min(4, _cores()))
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, configured)
