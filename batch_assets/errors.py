@@ -16,9 +16,12 @@ class PipelineError(Exception):
         column: str | None = None,
         row: int | str | None = None,
         fix: str | None = None,
+        retryable: bool = False,
     ):
         self.what, self.pipeline, self.partition = what, pipeline, partition
         self.file, self.column, self.row, self.fix = file, column, row, fix
+        # True when waiting may fix it (an endpoint outage): the step's RetryPolicy runs it again; bad input never is.
+        self.retryable = retryable
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -42,7 +45,7 @@ class PipelineError(Exception):
 
     def located(self, **where: str | None) -> "PipelineError":
         """The same error with more location filled in (fields already set are kept)."""
-        fields = {k: getattr(self, k) for k in ("pipeline", "partition", "file", "column", "row", "fix")}
+        fields = {k: getattr(self, k) for k in ("pipeline", "partition", "file", "column", "row", "fix", "retryable")}
         for key, value in where.items():
             if fields.get(key) is None:
                 fields[key] = value

@@ -132,7 +132,7 @@ def run_partitions(
         except PipelineError as exc:
             _record_finished(context, reports, failed_key=key)
             located = exc.located(pipeline=spec.name, partition=key)
-            if getattr(exc, "retryable", False):  # a stage that knows its failure is transient says so
+            if exc.retryable:  # a stage that knows its failure is transient says so
                 raise located from None
             raise dg.Failure(
                 description=str(located),
@@ -238,7 +238,7 @@ def run_partitions_together(
             reports = stage_fn(keys)
     except PipelineError as exc:
         located = exc.located(pipeline=spec.name)
-        if getattr(exc, "retryable", False):
+        if exc.retryable:
             raise located from None
         raise dg.Failure(description=str(located), metadata={"pipeline": spec.name, "partitions": ", ".join(keys),
                                                              "file": located.file or ""},

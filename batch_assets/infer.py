@@ -50,7 +50,7 @@ from batch_assets.report import PartitionReport
 from batch_assets.spec import PipelineSpec
 from batch_assets.token_limits import TRUNCATED_COLUMN, TokenLimit
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
-from resources.errors import ProviderSetupError
+from resources.errors import GAVE_UP, ProviderSetupError
 from resources.protocols import GenerationParams
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,6 @@ log = logging.getLogger(__name__)
 # A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
 # two or three rows failing alike is plausibly bad rows.
 SAME_FAILURE_MIN_ROWS = 4
-# How a provider marks a row that failed only after every retry of a transient failure (resources/openai_api/retry.py).
-TRANSIENT_MARK = "(gave up after "
 # Committed chunks whose write may still be pending (write-behind): bounds memory held for writing.
 WRITES_IN_FLIGHT = 2
 
@@ -308,17 +306,16 @@ def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
         # Retries exhausted on every row alike (an outage: 5xx, timeouts, refused connections) may pass: the step's
         # RetryPolicy (spec `retries`) runs it again later, resuming after the committed chunks. Anything else that
         # fails every row alike (a 400 for every request) will not pass by waiting.
-        transient = TRANSIENT_MARK in shared
-        error = PipelineError(
+        transient = GAVE_UP in shared
+        raise PipelineError(
             f"every one of the {len(sent)} rows sent to {type(provider).__name__} (model {provider.model_name()!r}) in "
             f"chunk {item.index} failed the same way: {shared}. This is a setup or endpoint problem, not bad rows: "
             "the step stopped and nothing was published"
             + ("; it looks transient, so the step is retried as the spec's `retries` say" if transient else ""),
             fix="check that the model/endpoint is up and configured (model, base_url, key, params); committed chunks "
             "are kept, so a rerun resumes where this one stopped",
+            retryable=transient,
         )
-        error.retryable = transient  # type: ignore[attr-defined]
-        raise error
 
 
 def _assemble(spec: PipelineSpec, provider: Any, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int,

@@ -60,13 +60,19 @@ class TokenCounter:
         self._tok.no_truncation()
         self._tok.no_padding()
 
-    def lengths(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+    def encode(self, texts: list[str]) -> list[Any]:
+        """One `tokenizers.Encoding` per text (ids and character offsets)."""
+        return self._tok.encode_batch(texts, add_special_tokens=False) if texts else []
+
+    def lengths(self, texts: list[str], encodings: list[Any] | None = None) -> np.ndarray:
+        encodings = self.encode(texts) if encodings is None else encodings
         return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
 
-    def cut(self, text: str, limit: int) -> str:
-        """The longest prefix of `text` ending on a token boundary that is at most `limit` tokens."""
-        offsets = self._tok.encode(text, add_special_tokens=False).offsets
+    def cut(self, text: str, limit: int, offsets: list[tuple[int, int]] | None = None) -> str:
+        """The longest prefix of `text` ending on a token boundary that is at most `limit` tokens (`offsets`: the
+        text's encoding offsets when the caller already has them)."""
+        if offsets is None:
+            offsets = self._tok.encode(text, add_special_tokens=False).offsets
         if len(offsets) <= limit:
             return text
         keep = limit
@@ -120,7 +126,10 @@ class TokenLimit:
               ) -> tuple[list[str], np.ndarray, list[bool] | None]:
         """Texts of the sent rows in; the texts to send, the rows to send, and the `input_truncated` flags (one per
         row of the chunk; None unless truncating). `skip` writes row errors into `errors`."""
-        lengths = self.counter.lengths(texts) if texts else np.zeros(0, dtype=np.int64)
+        if self.mode == "fail":  # every input of the partition was counted before any model call (check_partition)
+            return texts, sent, None
+        encodings = self.counter.encode(texts)
+        lengths = self.counter.lengths(texts, encodings)
         over = np.flatnonzero(lengths > self.max_tokens)
         flags: list[bool] | None = [False] * n if self.mode == "truncate" else None
         if not len(over):
@@ -128,20 +137,15 @@ class TokenLimit:
         if self.mode == "truncate":
             texts = list(texts)
             for j in over.tolist():
-                texts[j] = self.counter.cut(texts[j], self.max_tokens)
+                texts[j] = self.counter.cut(texts[j], self.max_tokens, encodings[j].offsets)
                 flags[int(sent[j])] = True  # type: ignore[index]
             return texts, sent, flags
-        if self.mode == "skip":
-            keep = np.ones(len(texts), dtype=bool)
-            keep[over] = False
-            for j in over.tolist():
-                errors[int(sent[j])] = (f"input too long: {int(lengths[j])} tokens, over prepare.max_input_tokens="
-                                        f"{self.max_tokens}; not sent to the model")
-            return [t for t, k in zip(texts, keep.tolist()) if k], sent[keep], flags
-        # fail: the pre-pass (check_partition) already stopped the step; reaching here means the rows changed.
-        raise PipelineError(f"{len(over)} input(s) over prepare.max_input_tokens={self.max_tokens} "
-                            "appeared after the partition was checked", pipeline=self.spec.name,
-                            fix="re-materialize the partition")
+        keep = np.ones(len(texts), dtype=bool)  # skip
+        keep[over] = False
+        for j in over.tolist():
+            errors[int(sent[j])] = (f"input too long: {int(lengths[j])} tokens, over prepare.max_input_tokens="
+                                    f"{self.max_tokens}; not sent to the model")
+        return [t for t, k in zip(texts, keep.tolist()) if k], sent[keep], flags
 
     def check_partition(self, src: str, partition: str, batch_rows: int) -> None:
         """`fail` mode: one pass over the prepared rows before any model call; the first input over the limit

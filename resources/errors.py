@@ -17,6 +17,11 @@ class ModelLoadError(RuntimeError):
     """A model could not be loaded; raised from setup so the run fails loudly instead of producing empty output."""
 
 
+# How a provider's row error says it failed only after every retry of a transient failure ("... (gave up after 4
+# attempts)"): the infer loop reads it to tell an outage, worth a step retry, from a refusal.
+GAVE_UP = "gave up after"
+
+
 class ProviderSetupError(RuntimeError):
     """The provider cannot serve ANY row as configured (rejected key, no permission, unknown model, exhausted quota,
     a model that fails to load): retrying or going on would only turn every row into the same error, so the step

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from resources.errors import ProviderSetupError
+from resources.errors import GAVE_UP, ProviderSetupError
 
 if TYPE_CHECKING:
     from resources.openai_api.limits import RequestGate
@@ -174,7 +174,7 @@ async def call_with_retries(
         if not failure.retryable:
             return failure
         if attempt == policy.max_attempts:
-            return replace(failure, message=f"{failure.message} (gave up after {attempt} attempts)")
+            return replace(failure, message=f"{failure.message} ({GAVE_UP} {attempt} attempts)")
         delay = backoff_delay(attempt, policy.backoff_base_s, policy.backoff_max_s)
         if failure.retry_after_s is not None:
             if failure.retry_after_s > policy.max_retry_after_s:
