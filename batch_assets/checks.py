@@ -1,7 +1,7 @@
 """The blocking checks that guard publishing, evaluated on `inferred` before the write stage may run.
 
 - `rows_exactly_once`: the row ids of `inferred` are the row ids of the SOURCE (read again, not the `raw` copy),
-  each exactly once. Compared as multiset fingerprints (batch_assets/row_ids.py `RowIdFingerprint`), so memory does
+  each exactly once (under `prepare.duplicate_ids: keep_first / keep_last`, each distinct source id once). Compared as multiset fingerprints (batch_assets/row_ids.py `RowIdFingerprint`), so memory does
   not grow with the partition: equal multisets always pass; a missing, repeated or foreign id changes the
   fingerprint except with probability ~2^-64.
 - `error_rate`: rows the model failed on (after retries) over rows, at most `runtime.max_error_fraction`.
@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from batch_assets.infer_tasks import ERROR_COLUMN, declared_output_types
 from batch_assets.partitions import resolve_partition, row_hashes
-from batch_assets.report import PartitionReport
-from batch_assets.row_ids import RowIdFingerprint
+from batch_assets.report import PartitionReport, error_fraction
+from batch_assets.row_ids import RowIdFingerprint, UniqueIdChecker
 from batch_assets.sources import read_partition
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import parquet_schema, read_batches
@@ -29,8 +29,16 @@ ROWS_CHECK, ERROR_CHECK, SCHEMA_CHECK = "rows_exactly_once", "error_rate", "outp
 
 def source_digest(spec: PipelineSpec, key: str) -> RowIdFingerprint:
     digest = RowIdFingerprint()
+    keeps_one = spec.prepare.id_column is not None and spec.prepare.duplicate_ids != "fail"
+    ids = UniqueIdChecker() if keeps_one else None
     for batch in read_partition(spec, resolve_partition(spec, key)):
-        digest.add_hashes(row_hashes(batch))  # hashed by this read itself (`_row_hash`), not a second time
+        hashes = row_hashes(batch)  # hashed by this read itself (`_row_hash`), not a second time
+        if ids is not None:
+            ids.add_hashes(hashes)
+        else:
+            digest.add_hashes(hashes)
+    if ids is not None:  # keep_first / keep_last: each distinct source id exactly once (8 bytes a row, as the read)
+        digest.add_hashes(ids.distinct())
     return digest
 
 
@@ -53,7 +61,7 @@ def rows_problem(spec: PipelineSpec, key: str, url: str) -> tuple[str | None, di
 
 def error_problem(spec: PipelineSpec, report: PartitionReport) -> tuple[str | None, dict[str, Any]]:
     rows, failed = report.rows_out, int(report.extra.get("model_errors", 0))
-    fraction = failed / rows if rows else 0.0
+    fraction = error_fraction(report)  # the same number as the partition's `error_rate` metadata
     facts = {"rows": rows, "model_errors": failed, "input_problems": int(report.extra.get("rows_with_errors", 0)) - failed,
              "error_fraction": round(fraction, 4), "max_error_fraction": spec.runtime.max_error_fraction}
     if fraction > spec.runtime.max_error_fraction:

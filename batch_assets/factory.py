@@ -212,9 +212,10 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     if spec.task.kind == "generate":
         md["tokens_in"] = delta.get("prompt_tokens", 0)
         md["tokens_out"] = delta.get("completion_tokens", 0)
-        # one prompt per row with an input (rows flagged empty are never sent; they are the errors that are not
-        # the model's); rows reused from a checkpoint count, as their tokens do
-        md["requests"] = delta.get("rows_out", 0) - (delta.get("rows_with_errors", 0) - delta.get("model_errors", 0))
+        # requests this materialization sent to the model: one per row handed to the provider (rows flagged empty
+        # are never sent), less the answers the response cache gave (`cache_hits`) and less rows of chunks resumed
+        # from a checkpoint (`chunks_reused`: paid by an earlier run). Tokens and cost are the partition's output's.
+        md["requests"] = delta.get("rows_sent", 0) - delta.get("cache_hits", 0)
     for name in ("cache_hits", "cache_misses"):
         if name in delta:
             md[name] = delta[name]
@@ -370,6 +371,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 delta["cache_misses"] = provider.misses - cache_before[1]
             progress.finish(delta.get("rows_with_errors"))
             report.extra.update(infer_partition_metadata(spec, describe, device, delta))
+            if stats.error_samples:
+                report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
             preview_cols = [_id_column(spec), *inputs]
             if spec.evaluation is not None:
                 confusions[key] = evaluation.evaluate_file(spec, report.path)
@@ -381,15 +384,15 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             return report
 
         reports = run_partitions(context, spec, one)
+        # Error samples are per partition (in each partition's metadata, added by `one`): run-level metadata is
+        # merged into every partition's event, so a run-wide list here would show one day's rows on every day.
         metadata = run_totals(reports)
-        if stats.error_samples:
-            metadata["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
         checks = [dg.AssetCheckResult(
             check_name="no_row_errors",
             passed=stats.rows_with_errors == 0,
             severity=dg.AssetCheckSeverity.WARN,
             metadata={"rows_with_errors": stats.rows_with_errors, "rows": stats.rows_out,
-                      "samples": "\n".join(stats.error_samples) or "none"},
+                      "samples": "\n".join(stats.run_error_samples) or "none"},
         )]
         checks += blocking_check_results(spec, provider, reports)
         if spec.evaluation is not None:
@@ -405,6 +408,11 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def output(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         reports = run_partitions(context, spec, lambda key: run_write(spec, storage, key))
+        empty = [r.key for r in reports if r.extra.get("empty_partition")]
+        if empty:
+            context.log.info(f"{len(empty)} partition(s) have no source rows ({', '.join(empty[:10])}"
+                             f"{', ...' if len(empty) > 10 else ''}): each is published as an empty "
+                             f"{spec.sink.format} output with the declared columns (row count 0)")
         # Rows exactly once is a blocking check on `inferred` (against the source); the sink verifies again before
         # its atomic commit and raises instead of publishing.
         return dg.MaterializeResult(metadata=run_totals(reports))

@@ -76,8 +76,11 @@ class InferStats:
     chunks_computed: int = 0
     chunks_reused: int = 0
     rows_reused: int = 0
+    rows_sent: int = 0  # rows handed to the provider in this run (not reused from a checkpoint; cache hits included)
     rows_truncated: int = 0  # inputs cut to prepare.max_input_tokens
-    error_samples: list[str] = field(default_factory=list)
+    error_samples: list[str] = field(default_factory=list)  # the current partition's (reset per partition)
+    run_error_samples: list[str] = field(default_factory=list)  # the run's first few, each with its partition
+    label_counts: dict[str, int] = field(default_factory=dict)  # the current partition's predicted labels
     partition: str | None = None
     partition_rows_total: int = 0
     partition_rows_done: int = 0
@@ -85,6 +88,8 @@ class InferStats:
 
     def begin_partition(self, key: str, rows_total: int) -> None:
         self.partition, self.partition_rows_total, self.partition_rows_done = key, rows_total, 0
+        self.error_samples = []
+        self.label_counts = {}
 
     def add_rows(self, n: int, *, reused: bool = False) -> None:
         self.partition_rows_done += n
@@ -98,8 +103,12 @@ class InferStats:
 
     def note_errors(self, ids: list[str], errors: list[str | None]) -> None:
         for row_id, err in zip(ids, errors):
-            if err is not None and len(self.error_samples) < 5:
+            if err is None:
+                continue
+            if len(self.error_samples) < 5:
                 self.error_samples.append(f"{row_id}: {err}")
+            if len(self.run_error_samples) < 5:
+                self.run_error_samples.append(f"[{self.partition}] {row_id}: {err}")
 
 
 def generation_params(spec: PipelineSpec) -> GenerationParams:
@@ -272,6 +281,7 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
                 stats.add_rows(batch.num_rows, reused=True)
                 continue
             plan = plan_chunk(spec, batch, limit)
+            stats.rows_sent += len(plan.sent)
             call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
             pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
             # one more than the workers: the next call is queued before a worker frees, so none idles

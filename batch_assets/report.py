@@ -76,10 +76,19 @@ def partition_metadata(report: PartitionReport) -> dict[str, Any]:
     errors = report.rows_with_errors if report.rows_with_errors is not None else report.extra.get("rows_with_errors")
     if errors is not None:
         md["rows_with_errors"] = dg.MetadataValue.int(int(errors))
-        md["error_rate"] = dg.MetadataValue.float(round(errors / report.rows_out, 6) if report.rows_out else 0.0)
+        md["error_rate"] = dg.MetadataValue.float(round(error_fraction(report), 6))
     if report.preview is not None:
         md["preview"] = dg.MetadataValue.md(report.preview)
     return md
+
+
+def error_fraction(report: PartitionReport) -> float:
+    """The partition's error rate: where the model ran (`model_errors` reported), the rows the model failed on over
+    all rows -- the number the blocking `error_rate` check compares with max_error_fraction (rows with an empty
+    input are reported as `rows_with_errors`, not counted); elsewhere every row error over all rows."""
+    errors = report.rows_with_errors if report.rows_with_errors is not None else report.extra.get("rows_with_errors")
+    failed = report.extra.get("model_errors", errors) or 0
+    return int(failed) / report.rows_out if report.rows_out else 0.0
 
 
 def run_totals(reports: list[PartitionReport]) -> dict[str, Any]:

@@ -158,13 +158,19 @@ class UniqueIdChecker:
     def __len__(self) -> int:
         return self._n
 
+    def distinct(self) -> np.ndarray:
+        """The distinct hashes added (sorted)."""
+        return np.unique(self._hashes[: self._n])
+
     @property
     def nbytes(self) -> int:
         """Memory held for the partition's ids (the bound the memory test asserts)."""
         return int(self._hashes.nbytes)
 
-    def duplicates(self, rescan: Callable[[], Iterator[pa.RecordBatch]]) -> list[tuple[str, list[tuple[str, int]]]]:
-        """[(row id, [(file, row), ...]), ...] for ids that occur more than once (at most 5 named)."""
+    def duplicates(self, rescan: Callable[[], Iterator[pa.RecordBatch]],
+                   limit: int | None = 5) -> list[tuple[str, list[tuple[str, int]]]]:
+        """[(row id, [(file, row), ...] in read order), ...] for ids that occur more than once (at most `limit`,
+        None: all of them -- memory then grows with the duplicates, never with the partition)."""
         hashes = self._hashes[: self._n]
         hashes.sort()
         suspects = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
@@ -180,4 +186,5 @@ class UniqueIdChecker:
                 if h in wanted:
                     places.setdefault(ids[i], []).append((files[i], rows[i]))
         # equal hashes of different ids are collisions, not duplicates
-        return [(rid, where) for rid, where in places.items() if len(where) > 1][:5]
+        repeated = [(rid, where) for rid, where in places.items() if len(where) > 1]
+        return repeated if limit is None else repeated[:limit]

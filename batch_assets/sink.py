@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from batch_assets import lance_sink
@@ -53,7 +54,7 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     expected = source_fingerprint(raw_url)
     published = RowIdFingerprint()  # O(1) memory, whatever the partition size
     head: list[pa.RecordBatch] = []
-    counts = {"rows_in": 0, "errors": 0}
+    counts = {"rows_in": 0, "errors": 0, "model_errors": 0}
     url = sink_url(spec, storage, key)
     dl_url = dead_letter_url(storage, spec.name, key)
 
@@ -63,6 +64,10 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
                 counts["rows_in"] += batch.num_rows
                 if "error" in batch.schema.names:
                     counts["errors"] += batch.num_rows - batch.column("error").null_count
+                    failed = pc.is_valid(batch.column("error"))
+                    if "_input_empty" in batch.schema.names:  # an empty input is a row error, not the model's
+                        failed = pc.and_(failed, pc.invert(batch.column("_input_empty")))
+                    counts["model_errors"] += pc.sum(failed).as_py() or 0
                 published.add(batch)
                 dead.add(batch)
                 out = batch.select(columns)
@@ -76,8 +81,12 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     from batch_assets.checkpoint import remove_partition_checkpoints
 
     remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
+    # An empty partition (a quiet day, a hash shard no row hashes to) is published all the same: a file with the
+    # sink's typed columns and no rows, so readers of every partition see one schema.
+    empty = {"empty_partition": True} if expected.count == 0 else {}
     return PartitionReport(key, counts["rows_in"], rows, time.perf_counter() - start, url,
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
+                            "model_errors": counts["model_errors"], **empty,
                             "dead_letters_path": dl_url},
                            rows_with_errors=counts["errors"], schema=_written_schema(spec, url, out_schema),
                            preview=markdown_preview(head, columns))

@@ -31,28 +31,61 @@ LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row", ROW_HASH)
 _BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
 
 
+class _DropDuplicates(Exception):
+    """Aborts a read's atomic writes: the partition holds repeated ids that the spec's policy drops on a second read."""
+
+    def __init__(self, duplicates):
+        self.duplicates = duplicates
+
+
 def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
     from batch_assets.partitions import resolve_partition
-    from batch_assets.prepare import check_unique
+    from batch_assets.prepare import resolve_duplicates
     start = time.perf_counter()
     part = resolve_partition(spec, key)
     url = storage.stage_url(spec.name, "raw", key)
-    scanned = [0]
-    source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
-    unique = UniqueIdChecker()  # 8 bytes a row
-    with write_parquet(url) as writer:
-        for batch in read_partition(spec, part, scanned):
-            hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
-            source_ids.add_hashes(hashes)
-            unique.add_hashes(hashes)
-            writer.write(batch)
-        # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
-        check_unique(unique, lambda: read_partition(spec, part))
-        writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
+    duplicates = None
+    while True:  # twice at most: a second read only when the first found ids the policy drops
+        scanned = [0]
+        source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
+        unique = UniqueIdChecker()  # 8 bytes a row
+        try:
+            with write_parquet(url) as writer:
+                for batch in read_partition(spec, part, scanned):
+                    if duplicates is not None:
+                        batch = duplicates.filter(batch)
+                    hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
+                    source_ids.add_hashes(hashes)
+                    unique.add_hashes(hashes)
+                    writer.write(batch)
+                if not writer.rows:  # a quiet day, a hash shard no row hashes to: an empty file with the source's columns
+                    writer.schema_if_empty(partition_schema(spec, part))
+                # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
+                found = resolve_duplicates(spec, unique, lambda: read_partition(spec, part))
+                if found is not None:
+                    raise _DropDuplicates(found)
+                writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
+        except _DropDuplicates as redo:
+            if duplicates is not None:  # the drop left repeats: cannot happen unless the source changed under us
+                raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
+                                    fix="materialize the partition again once its files are complete") from None
+            duplicates = redo.duplicates
+            continue
+        break
     # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
     return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
-                           {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes})
+                           {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes,
+                            **_duplicate_metadata(spec, duplicates)})
+
+
+def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
+    """Under a keep_first / keep_last policy, the read always reports what it dropped (0 too: plottable)."""
+    if spec.prepare.duplicate_ids == "fail" or not spec.prepare.id_column:
+        return {}
+    if duplicates is None:
+        return {"duplicate_ids": 0, "duplicate_rows_dropped": 0}
+    return duplicates.metadata()
 
 
 def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
@@ -61,35 +94,58 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     still committed atomically, and only if the whole read succeeded; a row lands in exactly the shard that
     `run_read` would have put it in (same hash, same modulus)."""
     from batch_assets.partitions import resolve_partition
-    from batch_assets.prepare import check_unique
+    from batch_assets.prepare import Duplicates, resolve_duplicates
     start = time.perf_counter()
     count = spec.partitioning.count or 1
     index = {k: hash_shard_keys(count).index(k) for k in keys}
     files = resolve_partition(spec, keys[0]).files
     scope = PartitionSlice(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", files)
     urls = {k: storage.stage_url(spec.name, "raw", k) for k in keys}
-    source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
-    unique = {k: UniqueIdChecker() for k in keys}
-    scanned = [0]
-    with ExitStack() as stack:
-        writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
-        for batch in read_partition(spec, scope, scanned):
-            hashes = row_hashes(batch)
-            shards = shard_of(hashes, count)
-            for k, i in index.items():
-                mask = shards == np.uint64(i)
-                if mask.any():
-                    source_ids[k].add_hashes(hashes[mask])
-                    unique[k].add_hashes(hashes[mask])
-                    writers[k].write(batch.filter(pa.array(mask)))
-        for k in keys:  # still inside every write: a repeated id commits no shard
-            check_unique(unique[k], lambda k=k: read_partition(spec, resolve_partition(spec, k)))
-            writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
+    duplicates: dict[str, Duplicates] | None = None
+    while True:  # twice at most, as in `run_read`
+        source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
+        unique = {k: UniqueIdChecker() for k in keys}
+        scanned = [0]
+        try:
+            with ExitStack() as stack:
+                writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
+                for batch in read_partition(spec, scope, scanned):
+                    for found in (duplicates or {}).values():  # a repeated id lives in one shard (same hash)
+                        batch = found.filter(batch)
+                    hashes = row_hashes(batch)
+                    shards = shard_of(hashes, count)
+                    for k, i in index.items():
+                        mask = shards == np.uint64(i)
+                        if mask.any():
+                            source_ids[k].add_hashes(hashes[mask])
+                            unique[k].add_hashes(hashes[mask])
+                            writers[k].write(batch.filter(pa.array(mask)))
+                for k in keys:
+                    if not writers[k].rows:  # no row hashed to this shard: an empty file with the source's columns
+                        writers[k].schema_if_empty(partition_schema(spec, scope))
+                found_now = {}
+                for k in keys:  # still inside every write: a repeated id commits no shard
+                    found = resolve_duplicates(spec, unique[k],
+                                               lambda k=k: read_partition(spec, resolve_partition(spec, k)))
+                    if found is not None:
+                        found_now[k] = found
+                if found_now:
+                    raise _DropDuplicates(found_now)
+                for k in keys:
+                    writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
+        except _DropDuplicates as redo:
+            if duplicates is not None:
+                raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
+                                    fix="materialize the partitions again once their files are complete") from None
+            duplicates = redo.duplicates
+            continue
+        break
     share = (time.perf_counter() - start) / len(keys)  # one shared read: each shard is charged its share
     # rows_in: the source rows scanned (once, for every shard), as `run_read` reports for a shard read alone
     return [PartitionReport(k, scanned[0], writers[k].rows, share, urls[k],
                             {"source_files": len(files), "read_shared_by": len(keys),
-                             "row_id_check_bytes": unique[k].nbytes}) for k in keys]
+                             "row_id_check_bytes": unique[k].nbytes,
+                             **_duplicate_metadata(spec, (duplicates or {}).get(k))}) for k in keys]
 
 
 def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None
@@ -107,6 +163,20 @@ def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] 
                     yield batch
         except PipelineError as exc:
             raise exc.located(pipeline=spec.name, partition=part.key, file=url) from None
+
+
+def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
+    """The schema of the rows a partition's read yields, for a partition that has none: the first batch of its
+    files before the row filter (the types the rows would have had), else, for files with a header and no rows,
+    the declared columns as the readers type them (csv: text; parquet: the file's own types)."""
+    for url in part.files:
+        for batch in _read_file(spec, url):
+            return batch.schema
+    if spec.source.format == "parquet" and part.files:
+        fs, path = filesystem_for(part.files[0])
+        with fs.open(path, "rb") as f:
+            return output_schema(spec, pq.ParquetFile(f, pre_buffer=False).schema_arrow)
+    return output_schema(spec, pa.schema([pa.field(c, pa.string()) for c in spec.source.columns]))
 
 
 def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:

@@ -77,6 +77,14 @@ class PrepareSpec(_Strict):
         default=None,
         description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>'.",
     )
+    duplicate_ids: Literal["fail", "keep_first", "keep_last"] = Field(
+        default="fail",
+        description="With id_column, an id that occurs more than once in a partition: 'fail': the read fails, "
+        "naming the id, its files and rows; 'keep_first' / 'keep_last': the first / last occurrence in read order "
+        "(files in order, rows in order) is kept and the others dropped before anything reaches the model; the "
+        "count and samples go to the read stage's metadata (duplicate_ids, duplicate_rows_dropped, "
+        "duplicate_samples).",
+    )
     template: str | None = Field(default=None, description="generate: user prompt with {column} fields.")
     system: str | None = Field(default=None, description="generate: optional system message.")
     text_column: str | None = Field(default=None, description="embed / classify: the column holding the text.")

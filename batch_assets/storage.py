@@ -154,6 +154,11 @@ class ParquetPartitionWriter:
         self._writer.write_table(table)
         self.rows += batch.num_rows
 
+    def schema_if_empty(self, schema: pa.Schema) -> None:
+        """The schema to write when no batch comes (an empty partition still gets its typed columns)."""
+        if self._writer is None and self._schema is None:
+            self._schema = schema
+
     def abort(self) -> None:
         """Forget the half-written file: pyarrow would otherwise write a footer into it when collected."""
         if self._writer is not None:
