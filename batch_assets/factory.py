@@ -172,7 +172,7 @@ def source_input_columns(spec: PipelineSpec) -> list[str]:
     if kind == "generate":
         return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
     if kind in ("embed", "classify"):
-        return [prep.text_column] if prep.text_column else []
+        return [prep.text_column] if prep.text_column else prep.template_fields()
     if kind == "predict":
         return spec.model_input_columns()
     return list(prep.image_columns)
@@ -373,6 +373,12 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             report.extra.update(infer_partition_metadata(spec, describe, device, delta))
             if stats.error_samples:
                 report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
+            if report.extra.get("labels_never_predicted"):
+                context.log.warning(
+                    f"{spec.name} partition {key!r}: the model never predicted label(s) "
+                    f"{report.extra['labels_never_predicted']} in {report.rows_out} rows; if they should occur, "
+                    "check the labels' wording, the input text and the model (metadata label_count/<label> plots "
+                    "each label across partitions)")
             preview_cols = [_id_column(spec), *inputs]
             if spec.evaluation is not None:
                 confusions[key] = evaluation.evaluate_file(spec, report.path)

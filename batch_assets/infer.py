@@ -51,6 +51,7 @@ from batch_assets.spec import PipelineSpec
 from batch_assets.token_limits import TRUNCATED_COLUMN, TokenLimit
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from resources.errors import GAVE_UP, ProviderSetupError
+from resources.structured import UNPARSEABLE, is_unparseable
 from resources.protocols import GenerationParams
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class InferStats:
     rows_reused: int = 0
     rows_sent: int = 0  # rows handed to the provider in this run (not reused from a checkpoint; cache hits included)
     rows_truncated: int = 0  # inputs cut to prepare.max_input_tokens
+    unparseable_rows: int = 0  # answers that did not parse as task.structured (row errors)
+    unparseable_samples: list[str] = field(default_factory=list)  # the current partition's first few
     error_samples: list[str] = field(default_factory=list)  # the current partition's (reset per partition)
     run_error_samples: list[str] = field(default_factory=list)  # the run's first few, each with its partition
     label_counts: dict[str, int] = field(default_factory=dict)  # the current partition's predicted labels
@@ -89,6 +92,7 @@ class InferStats:
     def begin_partition(self, key: str, rows_total: int) -> None:
         self.partition, self.partition_rows_total, self.partition_rows_done = key, rows_total, 0
         self.error_samples = []
+        self.unparseable_samples = []
         self.label_counts = {}
 
     def add_rows(self, n: int, *, reused: bool = False) -> None:
@@ -154,7 +158,7 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
     if checkpoint.invalidated:
         log.info("partition %s: checkpoints of another setup (%s) were removed", key, ", ".join(checkpoint.invalidated))
     before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed,
-              stats.rows_truncated)
+              stats.rows_truncated, stats.unparseable_rows)
     params = generation_params(spec) if spec.task.kind == "generate" else None
     limit = TokenLimit.for_run(spec, provider, params)
     if limit is not None and limit.mode == "fail":
@@ -175,7 +179,54 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
         "chunks_reused": stats.chunks_reused - before[3],
         "chunks_computed": stats.chunks_computed - before[4],
         **({"rows_truncated": stats.rows_truncated - before[5]} if limit is not None else {}),
+        **(_unparseable_metadata(stats, stats.unparseable_rows - before[6]) if structured_task(spec) else {}),
+        **label_metadata(spec, stats, rows),
     })
+
+
+def predicted_labels(spec: PipelineSpec) -> tuple[str, list[str]] | None:
+    """(column, declared labels) for a task that predicts one of a set of labels; None for other tasks."""
+    task = spec.task
+    if task.kind in ("classify", "classify_image") and task.labels:
+        return task.resolved_output_column(), list(task.labels)
+    if task.kind == "generate":
+        structured = task.structured
+        if structured is not None and structured.choices is not None and not structured.unnest:
+            return task.structured_column, list(structured.choices)
+        if task.labels and task.label_column:
+            return task.label_column, list(task.labels)
+    return None
+
+
+def label_metadata(spec: PipelineSpec, stats: InferStats, rows: int) -> dict[str, Any]:
+    """Predicted-label counts of the partition, one int per declared label (0 included, so Dagster plots each
+    label across partitions), and the declared labels the model never predicted in it."""
+    predicted = predicted_labels(spec)
+    if predicted is None:
+        return {}
+    _, labels = predicted
+    counts = stats.label_counts
+    md: dict[str, Any] = {f"label_count/{label}": int(counts.get(label, 0)) for label in labels}
+    others = {k: v for k, v in counts.items() if k not in labels}  # generate's default_label, for one
+    md.update({f"label_count/{label}": int(n) for label, n in sorted(others.items())})
+    never = [label for label in labels if not counts.get(label)]
+    if never and rows:
+        md["labels_never_predicted"] = ", ".join(never)
+    return md
+
+
+def structured_task(spec: PipelineSpec) -> bool:
+    return spec.task.kind == "generate" and spec.task.structured is not None
+
+
+def _unparseable_metadata(stats: InferStats, rows: int) -> dict[str, Any]:
+    """How many answers did not parse (0 too: plottable across partitions), and a sample of their raw answers."""
+    import dagster as dg
+
+    md: dict[str, Any] = {"unparseable_rows": rows}
+    if stats.unparseable_samples:
+        md["unparseable_samples"] = dg.MetadataValue.md("\n".join(f"- {s}" for s in stats.unparseable_samples))
+    return md
 
 
 # -- the loop --------------------------------------------------------------------------------------------------------
@@ -261,6 +312,7 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
             check_alignment(provider, spec, len(item.plan.sent), results)
         names, arrays = output_columns(spec, item.plan, results, n, stats)
         _fail_if_all_failed_alike(provider, item)
+        _fail_on_unparseable(spec, provider, item, results)
         outputs = pa.RecordBatch.from_arrays(
             [item.batch.column("row_id"), *arrays, pa.array(item.plan.errors, pa.string())],
             names=["row_id", *names, ERROR_COLUMN],
@@ -272,6 +324,8 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
 
     count = 0
     failed = True
+    structured = spec.task.structured if spec.task.kind == "generate" else None
+    probe = structured.stop_after_unparseable if structured is not None else 0
     try:
         for index, batch in enumerate(chunks):
             count = index + 1
@@ -282,7 +336,17 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
                 continue
             plan = plan_chunk(spec, batch, limit)
             stats.rows_sent += len(plan.sent)
-            call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
+            if probe and len(plan.sent) > probe:
+                # The partition's first answers go first, alone: when all of them fail to parse the same way, the
+                # step stops here instead of paying for the rest of the chunk (and of the partition).
+                probe_ids = batch.column("row_id").take(pa.array(plan.sent[:probe])).to_pylist()
+                first = call_provider(provider, spec, params, plan.inputs[:probe])
+                _stop_if_unparseable(spec, provider, probe_ids, first)
+                call = calls.submit(_after, first, call_provider, provider, spec, params, plan.inputs[probe:])
+            else:
+                call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
+            if len(plan.sent):
+                probe = 0
             pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
             # one more than the workers: the next call is queued before a worker frees, so none idles
             while len(pending) > workers:
@@ -304,12 +368,88 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
     return count
 
 
+def _after(first: list[Any], call: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    """The probe's results followed by the rest of the chunk's (one result per sent row, in order)."""
+    return [*first, *call(*args)]
+
+
+def _raw_answers(ids: list[Any], texts: list[str | None], limit: int = 5) -> str:
+    return "; ".join(f"row {rid!r}: {_clip(text)}" for rid, text in list(zip(ids, texts))[:limit])
+
+
+def _clip(text: str | None, limit: int = 120) -> str:
+    if text is None:
+        return "(no text)"
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
+    """What to do about answers that do not parse, by the likely cause."""
+    if "cut off" in failure or "max_new_tokens" in failure:
+        return "raise task.params.max_new_tokens: the answers stop before the output is complete"
+    hints = []
+    if spec.model.provider == "openai":
+        hints.append("the endpoint did not enforce the output format: check model.config constraint_backend "
+                     "(response_format for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode "
+                     "(json_object_schema for llama.cpp's server)")
+    else:
+        hints.append("the model's answers ignore the constraint: check the provider supports structured output "
+                     "(docs/structured-outputs.md)")
+    hints.append("say in the prompt (prepare.template / prepare.system) exactly what to answer")
+    hints.append("to keep such answers as row errors (dead letters) within runtime.max_error_fraction instead, set "
+                 "task.structured.on_unparseable: row_error and task.structured.stop_after_unparseable: 0")
+    return "; ".join(hints)
+
+
+def _stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
+    """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
+    from resources.structured import validate_output
+
+    structured = spec.task.structured
+    problems = [r.error if r.error else validate_output(r.text, structured)[1] for r in results]
+    if not all(is_unparseable(p) for p in problems):
+        return
+    shared = same_failure(problems)  # type: ignore[arg-type]
+    if shared is None:
+        return
+    raise PipelineError(
+        f"the first {len(results)} answers of {type(provider).__name__} (model {provider.model_name()!r}) all failed "
+        f"to parse as the structured output ({structured.kind}) the same way: {shared}. Raw answers: "
+        f"{_raw_answers(ids, [r.text for r in results])}. The step stopped after these {len(results)} rows "
+        "(task.structured.stop_after_unparseable) instead of sending the rest; nothing was published",
+        fix=_unparseable_fix(spec, provider, shared),
+    )
+
+
+def _fail_on_unparseable(spec: PipelineSpec, provider: Any, item: _Pending, results: Any) -> None:
+    """`on_unparseable: fail`: a chunk holding an answer that did not parse fails the step, showing the answers."""
+    structured = spec.task.structured if spec.task.kind == "generate" else None
+    if structured is None or structured.on_unparseable != "fail" or results is None:
+        return
+    sent = item.plan.sent.tolist()
+    bad = [(j, i) for j, i in enumerate(sent) if is_unparseable(item.plan.errors[i])]
+    if not bad:
+        return
+    ids = item.batch.column("row_id").to_pylist()
+    first = item.plan.errors[bad[0][1]]
+    raise PipelineError(
+        f"{len(bad)} of the {len(sent)} answers in chunk {item.index} did not parse as the structured output "
+        f"({structured.kind}), and task.structured.on_unparseable is 'fail'; first: {first}. Raw answers: "
+        f"{_raw_answers([ids[i] for _, i in bad], [results[j].text for j, _ in bad])}; nothing was published",
+        row=ids[bad[0][1]],
+        fix=_unparseable_fix(spec, provider, first or ""),
+    )
+
+
 def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
     sent = item.plan.sent.tolist()
     if len(sent) < SAME_FAILURE_MIN_ROWS:
         return
     failures = [item.plan.errors[i] for i in sent]
     if any(f is None for f in failures):
+        return
+    if any(is_unparseable(f) for f in failures):
+        # answers came back (the endpoint is up): whether they parse is task.structured's policy, not a setup failure
         return
     shared = same_failure(failures)  # type: ignore[arg-type]
     if shared is not None:
@@ -398,8 +538,20 @@ def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
         stats.model_errors += pc.sum(model_failed).as_py() or 0
         rows = table.filter(failed).slice(0, 5)
         stats.note_errors(rows.column("row_id").to_pylist(), rows.column(ERROR_COLUMN).to_pylist())
+        if spec.task.structured is not None:
+            unparseable = pc.fill_null(pc.match_substring(errors, UNPARSEABLE), False)
+            stats.unparseable_rows += pc.sum(unparseable).as_py() or 0
+            room = 5 - len(stats.unparseable_samples)
+            if room > 0:
+                bad = table.filter(unparseable).slice(0, room)
+                stats.unparseable_samples += [f"{rid}: {err}" for rid, err in zip(
+                    bad.column("row_id").to_pylist(), bad.column(ERROR_COLUMN).to_pylist())]
     if TRUNCATED_COLUMN in table.column_names:
         stats.rows_truncated += pc.sum(table.column(TRUNCATED_COLUMN)).as_py() or 0
+    predicted = predicted_labels(spec)
+    if predicted is not None and predicted[0] in table.column_names:
+        for item in pc.value_counts(table.column(predicted[0]).drop_null()).to_pylist():
+            stats.label_counts[item["values"]] = stats.label_counts.get(item["values"], 0) + item["counts"]
     if spec.task.kind == "generate":
         stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
         stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0

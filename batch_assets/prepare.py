@@ -141,6 +141,22 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                     prompts.append(prep.template.format_map({f: cols[f][i] for f in fields}))  # type: ignore[union-attr]
             extra_names.append("_prompt")
             extra_arrays.append(pa.array(prompts, pa.string()))
+        elif kind in ("embed", "classify") and prep.template:
+            # A text made of several columns (subject + body): a blank field renders as empty text; the row is
+            # empty only when every field is (a ticket with a subject and no body still has something to classify).
+            fields = prep.template_fields()
+            cols = {f: batch.column(f).to_pylist() for f in fields}
+            texts = []
+            for i in range(n):
+                if all(_blank(cols[f][i]) for f in fields):
+                    problems[i] = f"empty input: column{'s' if len(fields) > 1 else ''} " \
+                                  f"{', '.join(map(repr, fields))} {'are' if len(fields) > 1 else 'is'} empty"
+                    texts.append(None)
+                else:
+                    texts.append(prep.template.format_map(
+                        {f: "" if _blank(cols[f][i]) else str(cols[f][i]) for f in fields}).strip())
+            extra_names.append("_text")
+            extra_arrays.append(pa.array(texts, pa.string()))
         elif kind in ("embed", "classify"):
             texts = batch.column(prep.text_column).to_pylist()  # type: ignore[arg-type]
             clean = []

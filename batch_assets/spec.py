@@ -85,9 +85,16 @@ class PrepareSpec(_Strict):
         "count and samples go to the read stage's metadata (duplicate_ids, duplicate_rows_dropped, "
         "duplicate_samples).",
     )
-    template: str | None = Field(default=None, description="generate: user prompt with {column} fields.")
+    template: str | None = Field(
+        default=None,
+        description="generate: user prompt with {column} fields. embed / classify (instead of text_column): the "
+        "text made of several columns, e.g. '{subject}\\n\\n{body}'; a blank field renders empty, and a row is an "
+        "empty input only when every field is blank.",
+    )
     system: str | None = Field(default=None, description="generate: optional system message.")
-    text_column: str | None = Field(default=None, description="embed / classify: the column holding the text.")
+    text_column: str | None = Field(
+        default=None, description="embed / classify: the column holding the text (or use template for several)."
+    )
     input_columns: list[str] | None = Field(
         default=None, description="predict: columns handed to the model class (default: all source columns)."
     )
@@ -465,8 +472,11 @@ class PipelineSpec(_Strict):
 
         if task.kind == "generate" and not prep.template:
             problems.append(("prepare.template", "task 'generate' needs a prompt template"))
-        if task.kind in ("embed", "classify") and not prep.text_column:
-            problems.append(("prepare.text_column", f"task {task.kind!r} needs the column holding the text"))
+        if task.kind in ("embed", "classify") and not (prep.text_column or prep.template):
+            problems.append(("prepare.text_column", f"task {task.kind!r} needs the column holding the text (or "
+                             "prepare.template to make the text of several columns)"))
+        if task.kind in ("embed", "classify") and prep.text_column and prep.template:
+            problems.append(("prepare.template", f"task {task.kind!r} reads text_column or template, not both"))
         if task.kind in ("embed_image", "classify_image") and len(prep.image_columns) != 1:
             problems.append(("prepare.image_columns", f"task {task.kind!r} needs exactly one image column"))
         if prep.max_input_tokens is not None and task.kind not in ("embed", "classify", "generate"):

@@ -40,6 +40,8 @@ def user_column(spec: PipelineSpec) -> str:
     """What the user calls that text, for messages."""
     if spec.task.kind == "generate":
         return "the prompt (prepare.template filled in)"
+    if spec.prepare.template:
+        return "the text (prepare.template filled in)"
     return str(spec.prepare.text_column)
 
 

@@ -21,12 +21,20 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _KINDS = ("choices", "regex", "json_schema", "pydantic_model")
+# Every message of an answer that does not satisfy the constraint holds this mark (providers may wrap the message,
+# e.g. "stopped at max_new_tokens ... (<message>)"): the infer loop tells such rows from failed requests by it.
+UNPARSEABLE = "unparseable answer"
+
+
+def is_unparseable(error: str | None) -> bool:
+    """Whether a row error is an answer that did not parse as the structured output (not a failed request)."""
+    return error is not None and UNPARSEABLE in error
 
 
 class StructuredOutput(BaseModel):
@@ -53,6 +61,19 @@ class StructuredOutput(BaseModel):
         default=False,
         description="Spread the parsed object's properties into top-level columns (Daft's `unnest`) instead of "
         "one struct column. Only for object schemas.",
+    )
+    on_unparseable: Literal["row_error", "fail"] = Field(
+        default="row_error",
+        description="An answer that does not parse as this output: 'row_error': that row's error (its raw answer "
+        "kept in the output column and the dead letters), counted against runtime.max_error_fraction by the "
+        "blocking error_rate check; 'fail': the step fails at the first chunk holding one, showing the raw answers.",
+    )
+    stop_after_unparseable: int = Field(
+        default=5,
+        ge=0,
+        description="When the first this many answers of a partition all fail to parse in the same way (an "
+        "endpoint that ignores the constraint, a prompt the model misreads), the step stops before sending the "
+        "rest of the partition, showing their raw answers. 0: never stop early.",
     )
 
     @model_validator(mode="after")
@@ -305,13 +326,13 @@ def validate_output(text: str | None, structured: StructuredOutput) -> tuple[Any
             answer = answer[1:-1].strip()
         if answer in structured.choices:
             return answer, None
-        return None, f"output {_clip(text)} is not one of the labels {structured.choices}"
+        return None, f"{UNPARSEABLE}: output {_clip(text)} is not one of the labels {structured.choices}"
     if structured.regex is not None:
         pattern = _compiled(structured.regex)
         for candidate in (text, text.strip()):
             if pattern.fullmatch(candidate):
                 return candidate, None
-        return None, f"output {_clip(text)} does not fully match the regex {structured.regex!r}"
+        return None, f"{UNPARSEABLE}: output {_clip(text)} does not fully match the regex {structured.regex!r}"
     schema = structured.resolved_json_schema()
     assert schema is not None
     body = text
@@ -322,10 +343,10 @@ def validate_output(text: str | None, structured: StructuredOutput) -> tuple[Any
         value = json.loads(body)
     except json.JSONDecodeError as exc:
         hint = " (the output looks cut off: raise max_new_tokens)" if _unclosed(body) else ""
-        return None, f"output is not valid JSON: {exc.msg} (character {exc.pos}){hint}"
+        return None, f"{UNPARSEABLE}: output {_clip(text)} is not valid JSON: {exc.msg} (character {exc.pos}){hint}"
     problem = _schema_problem(value, schema)
     if problem is not None:
-        return None, f"output JSON does not match the schema: {problem}"
+        return None, f"{UNPARSEABLE}: output {_clip(text)} does not match the schema: {problem}"
     return _conform(value, _plan_for(structured)), None
 
 

@@ -163,3 +163,50 @@ def test_duplicate_ids_policy_applies_to_hash_shards_read_together(tmp_path: Pat
     assert sorted(r["ticket_id"] for r in rows) == ["T1", "T2", "T3", "T4", "T5"]
     assert {r["ticket_id"]: r["body"] for r in rows}["T1"] == "printer is on fire, update"
     assert sum(md["duplicate_rows_dropped"].value for md in materializations(result, spec, "raw").values()) == 2
+
+
+# -- classify over several columns (finding 8) and predicted-label counts (finding 10) -------------------------------
+URGENCY: dict = {
+    "name": "ticket_urgency",
+    "source": {"format": "csv", "path": "PLACEHOLDER/{partition}.csv", "columns": ["ticket_id", "subject", "body"]},
+    "partitioning": {"kind": "static", "keys": ["day1", "day2"]},
+    "prepare": {"id_column": "ticket_id", "template": "{subject}\n\n{body}"},
+    "task": {"kind": "classify", "output_column": "urgency", "labels": ["urgent", "normal", "legal"]},
+    "model": {"provider": "zero_shot", "config": {"label_descriptions": {
+        "urgent": "an outage: production is down, the site is broken, nothing works, emergency",
+        "normal": "a routine question: how do I change my password, thanks, a small request",
+        "legal": "a subpoena, litigation hold or court order from a law firm's attorneys",
+    }}},
+    "runtime": {"max_error_fraction": 0.5},
+}
+
+
+def test_classify_reads_a_template_of_several_columns_and_reports_label_counts(tmp_path: Path) -> None:
+    from tests.conftest import write_csv
+
+    data = tmp_path / "data"
+    write_csv(data / "day1.csv", ["ticket_id", "subject", "body"],
+              [["T1", "Production DOWN", ""], ["T2", "", "how do I change my password?"],
+               ["T3", "", ""], ["T4", "Site broken", "nothing works since the deploy, emergency"]])
+    write_csv(data / "day2.csv", ["ticket_id", "subject", "body"],
+              [["T5", "Thanks", "just a small request about my password"]])
+    spec = make_spec(URGENCY, data)
+    instance = dg.DagsterInstance.ephemeral()
+
+    result = run_pipeline(spec, tmp_path / "store", ["day1", "day2"], instance=instance)
+
+    assert result.success
+    day1 = {r["ticket_id"]: r for r in read_output(spec, tmp_path / "store", "day1").to_pylist()}
+    assert day1["T1"]["urgency"] == "urgent" and day1["T1"]["error"] is None  # subject alone is enough
+    assert day1["T2"]["urgency"] is not None and day1["T2"]["error"] is None  # body alone too
+    assert day1["T3"]["urgency"] is None and "'subject', 'body' are empty" in day1["T3"]["error"]
+    inferred = materializations(result, spec, "inferred")
+    for key in ("day1", "day2"):
+        out = read_output(spec, tmp_path / "store", key).column("urgency").to_pylist()
+        counts = {label: inferred[key][f"label_count/{label}"].value for label in ("urgent", "normal", "legal")}
+        assert counts == {label: out.count(label) for label in counts}  # one int per label, 0 included
+        never = [label for label, n in counts.items() if n == 0]
+        assert inferred[key]["labels_never_predicted"].value == ", ".join(never)
+    assert "legal" in inferred["day1"]["labels_never_predicted"].value
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if "never predicted" in e.user_message]
+    assert any("'day1'" in w and "legal" in w for w in warnings)

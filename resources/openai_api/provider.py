@@ -33,6 +33,7 @@ from resources.openai_api.payloads import (
 )
 from resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
 from resources.protocols import Conversation, Generation, GenerationParams
+from resources.structured import StructuredOutput, validate_output
 
 log = logging.getLogger(__name__)
 
@@ -337,10 +338,15 @@ class OpenAICompatibleProvider(ModelResource):
         if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
             raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
         loaded.last_stats = stats
+        # "0 failed" must not stand for answers that came back but do not parse: count those apart
+        structured = StructuredOutput.from_params(params)
+        unparseable = "" if structured is None else ", %d answers not valid %s output" % (
+            sum(1 for r in results if r.error is None and validate_output(r.text, structured)[1] is not None),
+            structured.kind)
         self._info(
-            "%s %s: %d rows, %d failed, %d retries (%d rate-limited), %d prompt + %d completion tokens",
-            self.model_name(), self.api, stats.rows, stats.failed_rows, stats.retries, stats.rate_limited,
-            stats.prompt_tokens, stats.completion_tokens,
+            "%s %s: %d rows, %d failed requests%s, %d retries (%d rate-limited), %d prompt + %d completion tokens",
+            self.model_name(), self.api, stats.rows, stats.failed_rows, unparseable, stats.retries,
+            stats.rate_limited, stats.prompt_tokens, stats.completion_tokens,
         )
         return results
 
