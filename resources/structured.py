@@ -55,7 +55,10 @@ class StructuredOutput(BaseModel):
     )
     pydantic_model: str | None = Field(
         default=None,
-        description="'package.module:ClassName' of a pydantic model; its JSON schema is used as `json_schema`.",
+        description="'package.module:ClassName' of a pydantic model; its JSON schema is used as `json_schema`. "
+        "The module must be importable where the code location loads and where runs execute (the same Python "
+        "path): a module of this project (e.g. examples_models/), or a package installed in the virtualenv / "
+        "worker image. It is imported when the spec loads, so a wrong path is reported at definition load.",
     )
     unnest: bool = Field(
         default=False,

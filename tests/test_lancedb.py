@@ -102,6 +102,28 @@ def test_s3_database(tmp_path: Path, s3_bucket: str) -> None:
 
 
 @pytest.mark.slow
+def test_docs_s3_query_example_runs_with_allow_http(tmp_path: Path, s3_bucket: str, monkeypatch, capsys) -> None:
+    """The S3 query in docs/vector-search.md, as written, against the loopback (plain-HTTP) S3 server: it needs
+    AWS_ALLOW_HTTP=true, as the page says; without it Lance refuses the endpoint."""
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", docs_rows("a", 6))
+    spec = make_spec(EMBED_SPEC, data, name="document_search", sink={**LANCE_SINK, "table": None,
+                                                                     "path": f"{s3_bucket}/vectors"})
+    assert run_pipeline(spec, tmp_path / "store", ["a"]).success
+    page = (ROOT / "docs" / "vector-search.md").read_text()
+    snippet = re.findall(r"```python\n(.*?)```", page, re.S)[1]
+    assert 'lancedb.connect("s3://my-bucket/vectors")' in snippet
+    snippet = snippet.replace("s3://my-bucket", s3_bucket)
+
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    with pytest.raises(Exception, match="(?i)http"):
+        exec(compile(snippet, "docs/vector-search.md", "exec"), {})
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    exec(compile(snippet, "docs/vector-search.md", "exec"), {})
+    assert capsys.readouterr().out.strip().endswith("6 rows")
+
+
+@pytest.mark.slow
 def test_docs_query_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The query shown in docs/vector-search.md, run as written against a table this test builds."""
     data, db = tmp_path / "data", tmp_path / "vectors"
