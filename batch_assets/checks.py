@@ -65,8 +65,11 @@ def error_problem(spec: PipelineSpec, report: PartitionReport) -> tuple[str | No
     facts = {"rows": rows, "model_errors": failed, "input_problems": int(report.extra.get("rows_with_errors", 0)) - failed,
              "error_fraction": round(fraction, 4), "max_error_fraction": spec.runtime.max_error_fraction}
     if fraction > spec.runtime.max_error_fraction:
+        samples = report.extra.get("error_samples")
+        lines = str(getattr(samples, "value", samples) or "").split("\n")
+        first = next((line.removeprefix("- ") for line in lines if line and "empty input:" not in line), "")
         return (f"{failed} of {rows} rows failed in the model ({fraction:.1%}), more than max_error_fraction="
-                f"{spec.runtime.max_error_fraction:g}"), facts
+                f"{spec.runtime.max_error_fraction:g}" + (f"; e.g. {first}" if first else "")), facts
     return None, facts
 
 

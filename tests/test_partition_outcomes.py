@@ -210,3 +210,25 @@ def test_classify_reads_a_template_of_several_columns_and_reports_label_counts(t
     assert "legal" in inferred["day1"]["labels_never_predicted"].value
     warnings = [e.user_message for e in instance.all_logs(result.run_id) if "never predicted" in e.user_message]
     assert any("'day1'" in w and "legal" in w for w in warnings)
+
+
+def test_a_quiet_day_with_a_header_only_file_publishes_an_empty_output(tmp_path: Path) -> None:
+    from tests.conftest import write_csv
+
+    data = tmp_path / "data"
+    write_csv(data / "2025-01-01.csv", ["ticket_id", "body"], [["T1", "printer is on fire"]])
+    write_csv(data / "2025-01-02.csv", ["ticket_id", "body"], [])  # a quiet day: the export has its header only
+    spec = make_spec(EMBED_SPEC, data, source={"format": "csv", "path": str(data / "{partition}.csv"),
+                                               "columns": ["ticket_id", "body"]},
+                     partitioning={"kind": "daily", "start_date": "2025-01-01", "end_date": "2025-01-03"},
+                     prepare={"id_column": "ticket_id", "text_column": "body"},
+                     sink={"columns": ["ticket_id", "embedding", "error"]})
+
+    result = run_pipeline(spec, tmp_path / "store", ["2025-01-02"])
+
+    assert result.success
+    quiet = read_output(spec, tmp_path / "store", "2025-01-02")
+    assert quiet.num_rows == 0 and quiet.schema.names == ["ticket_id", "embedding", "error"]
+    vectors = quiet.schema.field("embedding").type  # MiniLM's declared 384 floats, though no row was embedded
+    assert vectors.list_size == 384 and str(vectors.value_type) == "float"
+    assert materializations(result, spec, "output")["2025-01-02"]["empty_partition"].value is True

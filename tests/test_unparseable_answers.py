@@ -125,3 +125,20 @@ def test_fail_policy_fails_at_the_first_unparseable_answer_showing_it(tmp_path: 
     assert not result.success
     message = step_failure(result)
     assert "1 of the 8 answers in chunk 0 did not parse" in message and "row 'T0': 'Technology'" in message
+
+
+def test_requests_metadata_counts_what_the_endpoint_saw_not_response_cache_hits(tmp_path: Path) -> None:
+    with FaultProxy(plain_word_for({f"company{i}" for i in range(6)})) as proxy:
+        spec = _spec(tmp_path, proxy, rows=6, response_cache=True)
+        first = run_pipeline(spec, tmp_path / "store", ["day1"])
+        second = run_pipeline(spec, tmp_path / "store", ["day1"])  # every answer from the response cache
+
+    def infer_md(result) -> dict:
+        return next(e.event_specific_data.materialization.metadata for e in result.all_events
+                    if e.event_type_value == "ASSET_MATERIALIZATION"
+                    and e.asset_key == dg.AssetKey(["tickets", "inferred"]))
+
+    assert first.success and second.success
+    assert len(proxy.attempts) == 6  # the endpoint saw each row once
+    assert (infer_md(first)["requests"].value, infer_md(first)["cache_hits"].value) == (6, 0)
+    assert (infer_md(second)["requests"].value, infer_md(second)["cache_hits"].value) == (0, 6)
