@@ -8,13 +8,17 @@ source's metadata only: file sizes, Parquet footers), then the `partitions` over
 A run over several partitions (a single-run backfill) asks for the largest need: the neediest partition's profile
 (most GPUs, then CPU, then memory: its node selector and tolerations) with CPU and memory raised to the largest
 asked by any partition of the run.
+
+A GPU step whose policy names no memory or CPU gets GPU_DEFAULT_MEMORY_PER_GPU / GPU_DEFAULT_CPU_PER_GPU per GPU
+(request = limit for memory): never the code server's sizing, which dagster-k8s would otherwise merge into every
+step pod (docs/deployment.md, "What a step pod gets").
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import cached_property
 from typing import Any
@@ -29,6 +33,15 @@ from resources.base import INFER_GPUS_ENV  # noqa: E402  (one name for the execu
 PIPELINE_TAG = "batch_assets/pipeline"
 STAGE_TAG = "batch_assets/stage"
 INFER_STAGE = "inferred"
+# What a GPU step gets per GPU when its policy says nothing: vLLM holds the weights in host memory while it loads
+# them onto the GPU (a 7-8B model in bf16 is ~16 GB), and tokenisation / data loading want a few cores.
+GPU_DEFAULT_MEMORY_PER_GPU_GI = 16
+GPU_DEFAULT_CPU_PER_GPU = 4
+# Tensor parallelism exchanges activations through /dev/shm (NCCL); Kubernetes gives a container 64 MB there.
+# A memory-backed emptyDir of this size is mounted instead; it counts against the pod's memory limit.
+TP_SHM_SIZE = "8Gi"
+GPU_STRATEGY_ENV = "BATCH_GPU_STRATEGY"
+GPU_POD_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
 # Every pipeline whose assets this process built (factory.build_pipeline_assets records it), by name: the executor
@@ -66,6 +79,11 @@ class StepResources:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     partitions: tuple[str, ...] = ()  # the partition keys this was resolved for (for the run log)
+    gpu_strategy: str | None = None  # tensor_parallel / replicas (only meaningful with gpus > 1)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.gpus > 1 and (self.gpu_strategy or "tensor_parallel") == "tensor_parallel"
 
     def need(self) -> tuple[int, Decimal, Decimal]:
         zero = Decimal(0)
@@ -90,15 +108,26 @@ class StepResources:
             requests["cpu"] = self.cpu
         if self.memory:
             requests["memory"] = limits["memory"] = self.memory
-        container: dict[str, Any] = {"env": [{"name": INFER_GPUS_ENV, "value": str(self.gpus)}]}
+        env = [{"name": INFER_GPUS_ENV, "value": str(self.gpus)}]
+        if self.gpus > 1:
+            env.append({"name": GPU_STRATEGY_ENV, "value": "tensor_parallel" if self.tensor_parallel else "replicas"})
+        container: dict[str, Any] = {"env": env}
         if requests or limits:
             container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
         pod: dict[str, Any] = {}
+        if self.tensor_parallel:
+            container["volume_mounts"] = [{"name": "dshm", "mount_path": "/dev/shm"}]
+            pod["volumes"] = [{"name": "dshm", "empty_dir": {"medium": "Memory", "size_limit": TP_SHM_SIZE}}]
         if self.node_selector:
             pod["node_selector"] = dict(self.node_selector)
         if self.tolerations:
             pod["tolerations"] = [t.model_dump(exclude_none=True) for t in self.tolerations]
-        return {"container_config": container, "pod_spec_config": pod}
+        config: dict[str, Any] = {"container_config": container, "pod_spec_config": pod}
+        if self.gpus:
+            # Autoscalers must not consolidate a node away under a running GPU step (its work since the last
+            # checkpoint would be lost); a spot reclaim still can, and the step's retry resumes from checkpoints.
+            config["pod_template_spec_metadata"] = {"annotations": dict(GPU_POD_ANNOTATIONS)}
+        return config
 
 
 def _overlay(base: InferResources, over: InferResources) -> InferResources:
@@ -169,8 +198,60 @@ def resources_for_key(spec: PipelineSpec, key: str, sizes: PartitionSizes | None
 def _to_step(res: InferResources, keys: tuple[str, ...]) -> StepResources:
     return StepResources(
         gpus=res.gpus or 0, cpu=res.cpu, memory=res.memory, node_selector=dict(res.node_selector or {}),
-        tolerations=tuple(res.tolerations or ()), partitions=keys,
+        tolerations=tuple(res.tolerations or ()), partitions=keys, gpu_strategy=res.gpu_strategy,
     )
+
+
+def with_gpu_defaults(step: StepResources) -> StepResources:
+    """A GPU step's memory and CPU when the policy names none (module docstring)."""
+    if not step.gpus:
+        return step
+    return replace(
+        step,
+        memory=step.memory or f"{GPU_DEFAULT_MEMORY_PER_GPU_GI * step.gpus}Gi",
+        cpu=step.cpu or str(GPU_DEFAULT_CPU_PER_GPU * step.gpus),
+    )
+
+
+def check_gpu_strategy(spec: PipelineSpec, step: StepResources) -> list[str]:
+    """Refuse a GPU layout that cannot run, before a pod is asked for; return warnings for one that wastes GPUs.
+    Only multi-GPU steps are checked."""
+    if step.gpus <= 1:
+        return []
+    provider = spec.model.provider
+    where = f"partitions {', '.join(step.partitions) or '(default)'}: {step.gpus} GPUs"
+    if step.gpu_strategy == "replicas":
+        raise PipelineError(
+            f"{where} with gpu_strategy 'replicas', which no provider runs inside one pod yet (the vLLM provider "
+            "shards one model with tensor_parallel_size)",
+            pipeline=spec.name,
+            fix="for data parallelism give each partition gpus: 1 and run partitions side by side (multi_run "
+            "backfills; the `gpu` pool limit sets how many at once), or use gpu_strategy: tensor_parallel",
+        )
+    if provider != "vllm":
+        return [f"{where}, but the {provider!r} provider runs its model on one GPU: {step.gpus - 1} would sit idle "
+                "(give this provider gpus: 1 and run partitions side by side instead)"]
+    heads = _attention_heads(spec.model.config.get("model"))
+    if heads is not None and heads % step.gpus:
+        raise PipelineError(
+            f"{where} with tensor parallelism, but the model has {heads} attention heads, which {step.gpus} GPUs "
+            "cannot split evenly (vLLM refuses it at load)",
+            pipeline=spec.name,
+            fix=f"use a GPU count that divides {heads} (for a model that fits one GPU: gpus: 1)",
+        )
+    return []
+
+
+def _attention_heads(model: Any) -> int | None:
+    """num_attention_heads from a local model folder's config.json (a hub id cannot be read offline)."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(model, str) or not (Path(model) / "config.json").is_file():
+        return None
+    config = json.loads((Path(model) / "config.json").read_text())
+    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
+    return int(heads) if heads else None
 
 
 def resources_for_keys(spec: PipelineSpec, keys: Sequence[str]) -> StepResources:
@@ -189,4 +270,5 @@ def resources_for_keys(spec: PipelineSpec, keys: Sequence[str]) -> StepResources
         node_selector=neediest.node_selector,
         tolerations=neediest.tolerations,
         partitions=tuple(keys),
+        gpu_strategy=neediest.gpu_strategy,
     )

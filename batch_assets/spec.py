@@ -235,6 +235,12 @@ class InferResources(_Strict):
     memory: str | None = Field(default=None, description="Memory request and limit, a Kubernetes quantity: '16Gi'.")
     node_selector: dict[str, str] | None = Field(default=None, description="Node labels the pod must land on.")
     tolerations: list[Toleration] | None = Field(default=None, description="Taints the pod tolerates.")
+    gpu_strategy: Literal["tensor_parallel", "replicas"] | None = Field(
+        default=None,
+        description="How a step with several GPUs uses them: 'tensor_parallel' shards one model over all of them "
+        "(vLLM; the pod gets a memory-backed /dev/shm for NCCL), 'replicas' runs one model copy per GPU. Default: "
+        "tensor_parallel. Checked against the provider and, where it can tell, the model (docs/deployment.md).",
+    )
 
     @model_validator(mode="after")
     def _quantities(self) -> "InferResources":

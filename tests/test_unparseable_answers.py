@@ -142,13 +142,3 @@ def test_requests_metadata_counts_what_the_endpoint_saw_not_response_cache_hits(
     assert len(proxy.attempts) == 6  # the endpoint saw each row once
     assert (infer_md(first)["requests"].value, infer_md(first)["cache_hits"].value) == (6, 0)
     assert (infer_md(second)["requests"].value, infer_md(second)["cache_hits"].value) == (0, 6)
-
-
-def test_a_pipeline_accepting_every_row_failing_is_not_stopped_early(tmp_path: Path) -> None:
-    with FaultProxy(plain_word_for(set())) as proxy:
-        spec = _spec(tmp_path, proxy, rows=12, max_error_fraction=1.0)
-        result = run_pipeline(spec, tmp_path / "store", ["day1"])
-
-    assert result.success and len(proxy.attempts) == 12
-    out = read_output(spec, tmp_path / "store", "day1").to_pylist()
-    assert len(out) == 12 and all("unparseable answer" in r["error"] for r in out)

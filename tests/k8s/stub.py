@@ -1,14 +1,36 @@
-"""A stand-in for a Kubernetes API server: the `batch/v1` Jobs API (and the few core/v1 pod calls dagster-k8s
-makes), on loopback HTTP, that records every Job and runs its container command as a local process.
+"""A stand-in for a Kubernetes cluster, as dagster-k8s sees it: the `batch/v1` Jobs API and the few core/v1 calls
+dagster-k8s makes (pods, pod logs, events, config maps, secrets) on loopback HTTP, with a small scheduler and
+kubelet behind it that run each Job's container command as a local process.
 
-No kube-apiserver can run on the CI machines (no container engine), so this is the narrowest seam: the real
-kubernetes Python client, the real `K8sRunLauncher` and the real (batch) `k8s_job_executor` talk HTTP to it through
-a kubeconfig, exactly as they would to a cluster. What it does NOT do: schedule onto nodes, honour resources, node
-selectors or tolerations, pull images, mount volumes or resolve `envFrom` secrets. Tests assert on the Job
-specs it recorded (what a cluster would have been asked for) and on the outputs the commands produced.
+No kube-apiserver, kubelet or container engine can run on the CI machines, so this is the narrowest seam: the real
+kubernetes Python client, the real `K8sRunLauncher` and the real batch executor (built on `k8s_job_executor`) talk
+HTTP to it through a kubeconfig, exactly as they would to a cluster. It is meant to be as strict as a cluster where
+a deployment can go wrong:
 
-A Job's container runs `args` (or `command` + `args`) with the stub's base environment overlaid by the
-container's literal `env` values, in the stub's working directory; `dagster` resolves to this interpreter's CLI.
+- **Scheduling.** The cluster has nodes (`Node`: allocatable cpu, memory, `nvidia.com/gpu`, labels, taints). A Job's
+  pod is bound to a node only where its requests fit beside the pods already running there, its `nodeSelector`
+  matches the node's labels and its tolerations tolerate every NoSchedule/NoExecute taint, checked in kube-scheduler's
+  filter order (taints, then node selector, then resources). Otherwise the pod stays `Pending` with the condition
+  `PodScheduled=False, reason Unschedulable` and a `FailedScheduling` event whose message is kube-scheduler's
+  ("0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {...}."). A pending pod
+  is bound when a pod ends and frees room. Requests default to limits, as the API server defaults them.
+- **Environment.** A container's environment is built only from its spec, as the kubelet builds it: the image's
+  own environment (`IMAGE_ENV`, what a Dockerfile's ENV would give), then `envFrom` (ConfigMaps and Secrets that the
+  test created with `create_config_map` / `create_secret`), then `env` (literal values, `valueFrom` secretKeyRef /
+  configMapKeyRef / fieldRef). Never the test process's environment. A missing ConfigMap, Secret or key (not marked
+  optional) leaves the container waiting with reason `CreateContainerConfigError` and the kubelet's message
+  (`secret "x" not found`), as on a cluster: the pod never starts.
+- **Memory limit.** A running container whose processes' resident memory exceeds `limits.memory` is SIGKILLed and
+  reported as terminated with reason `OOMKilled`, exit code 137 (the kernel's cgroup OOM killer, approximated by
+  watching RSS every 100 ms).
+- **Disruption.** `evict(job)` kills a running pod as a spot-node reclaim or a drain past its grace period does:
+  the process is SIGKILLed, the pod is `Failed` with reason `Evicted` and a `DisruptionTarget` condition, and the Job
+  (backoffLimit 0, as dagster-k8s creates them) is failed.
+
+What it does not do: pull images (every container runs this checkout with this interpreter), mount volumes (paths
+are local paths; the instance ConfigMap is not mounted, DAGSTER_HOME points at the test's), enforce CPU limits,
+network policies, RBAC, quotas or priorities. Tests assert on the Job specs it recorded (what a cluster would have
+been asked for), on pod phases and on the outputs the commands produced.
 """
 
 from __future__ import annotations
@@ -16,10 +38,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,17 +54,75 @@ import yaml
 
 _JOBS = re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs(?:/(?P<name>[^/]+))?(?P<status>/status)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
+_EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
+_OBJECTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|secrets)(?:/(?P<name>[^/]+))?$")
+
+GPU = "nvidia.com/gpu"
+# The stand-in image's own environment (a Dockerfile's ENV): where the interpreter is, and no more.
+IMAGE_ENV = {
+    "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    # weights are baked into the image or on the model cache volume: a pod never reaches a model hub here
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def quantity(value: str | int | None) -> Decimal:
+    from kubernetes.utils.quantity import parse_quantity
+
+    return Decimal(0) if value in (None, "") else parse_quantity(value)
+
+
+@dataclass
+class Node:
+    """A node's allocatable resources, labels and taints (`{"key", "value", "effect"}`)."""
+
+    name: str
+    cpu: str = "16"
+    memory: str = "64Gi"
+    gpus: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
+
+    def allocatable(self) -> dict[str, Decimal]:
+        return {"cpu": quantity(self.cpu), "memory": quantity(self.memory), GPU: Decimal(self.gpus)}
+
+
+# A CPU node for code servers, run workers and CPU steps; tests that place GPU steps add GPU nodes.
+CPU_NODE = Node("cpu-1", cpu="16", memory="64Gi", labels={"kubernetes.io/os": "linux"})
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, str]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator", "Equal") == "Exists":
+            if not t.get("key") or t["key"] == taint["key"]:
+                return True
+        elif t.get("key") == taint["key"] and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
 
 
 @dataclass
 class RecordedJob:
-    """One Job as posted (the Kubernetes JSON body), and the local process running its container."""
+    """One Job as posted (the Kubernetes JSON body), its pod's state and the local process running its container."""
 
     namespace: str
     body: dict[str, Any]
     log_path: Path
+    created: float = field(default_factory=time.time)
     process: subprocess.Popen | None = None
+    node: str | None = None
     deleted: bool = False
+    waiting: tuple[str, str] | None = None  # (reason, message) of a container that cannot start
+    unschedulable: str | None = None  # the scheduler's message while the pod cannot be bound
+    terminated_reason: str | None = None  # OOMKilled, Evicted, ...
+    pod_env: dict[str, str] | None = None  # the environment the container was started with
+    disruption: str | None = None  # the DisruptionTarget reason of an evicted pod
 
     @property
     def name(self) -> str:
@@ -54,6 +137,10 @@ class RecordedJob:
         return self.body["spec"]["template"]["spec"]
 
     @property
+    def pod_annotations(self) -> dict[str, str]:
+        return self.body["spec"]["template"].get("metadata", {}).get("annotations") or {}
+
+    @property
     def container(self) -> dict[str, Any]:
         return self.pod_spec["containers"][0]
 
@@ -63,6 +150,7 @@ class RecordedJob:
 
     @property
     def env(self) -> dict[str, str]:
+        """The container's literal `env` entries (valueFrom entries map to None)."""
         return {e["name"]: e.get("value") for e in self.container.get("env") or []}
 
     @property
@@ -73,32 +161,61 @@ class RecordedJob:
     def step_key(self) -> str | None:
         return self.labels.get("dagster/op")
 
+    def requests(self) -> dict[str, Decimal]:
+        """What the scheduler reserves: requests, defaulted from limits as the API server does."""
+        res = self.resources
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: quantity(merged.get(k)) for k in ("cpu", "memory", GPU)}
+
     def exit_code(self) -> int | None:
+        if self.terminated_reason in ("OOMKilled", "Evicted"):
+            return 137
         return None if self.process is None else self.process.poll()
 
-    def status(self) -> dict[str, Any]:
+    @property
+    def phase(self) -> str:
+        if self.terminated_reason == "Evicted":
+            return "Failed"
         code = self.exit_code()
-        if code is None:
+        if self.process is None or code is None:
+            return "Running" if self.process is not None else "Pending"
+        return "Succeeded" if code == 0 else "Failed"
+
+    def status(self) -> dict[str, Any]:
+        phase = self.phase
+        if phase in ("Pending", "Running"):
             return {"active": 1}
-        return {"succeeded": 1} if code == 0 else {"failed": 1}
+        return {"succeeded": 1} if phase == "Succeeded" else {"failed": 1}
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 class KubernetesJobsStub:
-    """Start with `start()`, point clients at `kubeconfig`, read `jobs`, `stop()` kills what is still running."""
+    """The stand-in cluster. `start()`, create ConfigMaps/Secrets the deployment expects, point clients at
+    `kubeconfig`, read `jobs`; `stop()` kills what is still running."""
 
-    def __init__(self, workdir: Path, base_env: dict[str, str], cwd: Path):
+    def __init__(self, workdir: Path, cwd: Path, nodes: list[Node] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.base_env = dict(base_env)
         self.cwd = Path(cwd)
+        self.nodes = list(nodes) if nodes is not None else [CPU_NODE]
         self.jobs: list[RecordedJob] = []
-        self.unhandled: list[str] = []  # calls the stub does not implement (a test may assert there are none)
-        self._lock = threading.Lock()
+        self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.unhandled: list[str] = []  # calls the stand-in does not implement (a test may assert there are none)
+        self._lock = threading.RLock()
+        self._stopping = False
         self._server: ThreadingHTTPServer | None = None
         self.kubeconfig = self.workdir / "kubeconfig.yaml"
+
+    # -- objects a test creates (kubectl create configmap / secret) ---------------------------------------------
+    def create_config_map(self, name: str, data: dict[str, str], namespace: str = "default") -> dict[str, str]:
+        self.config_maps[(namespace, name)] = {k: str(v) for k, v in data.items()}
+        return self.config_maps[(namespace, name)]
+
+    def create_secret(self, name: str, data: dict[str, str], namespace: str = "default") -> None:
+        self.secrets[(namespace, name)] = {k: str(v) for k, v in data.items()}
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> "KubernetesJobsStub":
@@ -131,6 +248,7 @@ class KubernetesJobsStub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
         self.kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1",
             "kind": "Config",
@@ -147,14 +265,23 @@ class KubernetesJobsStub:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def stop(self) -> None:
+        self._stopping = True
         for job in self.jobs:
-            if job.process is not None and job.process.poll() is None:
-                job.process.kill()
-                job.process.wait(timeout=30)
+            self._kill(job)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    # -- what a test does to the cluster -----------------------------------------------------------------------
+    def evict(self, job: RecordedJob, reason: str = "TerminationByKubelet") -> None:
+        """Disrupt a running pod (spot reclaim, drain): killed, pod Failed/Evicted, the Job failed."""
+        with self._lock:
+            assert job.process is not None and job.process.poll() is None, f"{job.name} is not running"
+            job.terminated_reason = "Evicted"
+            job.disruption = reason
+            self._kill(job)
+        self._schedule_pending()
 
     # -- queries for tests -------------------------------------------------------------------------------------
     def jobs_for_run(self, run_id: str) -> list[RecordedJob]:
@@ -165,9 +292,156 @@ class KubernetesJobsStub:
         return {j.step_key: j for j in self.jobs_for_run(run_id) if j.component == "step_worker" and j.step_key}
 
     def failures(self) -> str:
-        """Output of every Job whose command failed (for assertion messages)."""
-        return "\n\n".join(f"--- {j.name} (exit {j.exit_code()}) ---\n{j.output()[-3000:]}"
-                           for j in self.jobs if j.exit_code() not in (None, 0))
+        """Output of every Job whose pod failed or could not start (for assertion messages)."""
+        return "\n\n".join(
+            f"--- {j.name} ({j.phase}, exit {j.exit_code()}, {j.terminated_reason or j.waiting or j.unschedulable}) "
+            f"---\n{j.output()[-3000:]}"
+            for j in self.jobs if j.phase == "Failed" or j.waiting or j.unschedulable)
+
+    # -- the scheduler and the kubelet -------------------------------------------------------------------------
+    def _bound(self, node: Node) -> list[RecordedJob]:
+        return [j for j in self.jobs if j.node == node.name and j.phase in ("Pending", "Running")]
+
+    def _place(self, job: RecordedJob) -> tuple[Node | None, str]:
+        """A node for the pod, or None and kube-scheduler's message (each node's first failing filter)."""
+        reasons: dict[str, int] = {}
+        selector = job.pod_spec.get("nodeSelector") or {}
+        tolerations = job.pod_spec.get("tolerations") or []
+        need = job.requests()
+        for node in self.nodes:
+            untolerated = [t for t in node.taints if t.get("effect") in ("NoSchedule", "NoExecute")
+                           and not _tolerates(tolerations, t)]
+            if untolerated:
+                t = untolerated[0]
+                why = [f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"]
+            elif any(node.labels.get(k) != v for k, v in selector.items()):
+                why = ["node(s) didn't match Pod's node affinity/selector"]
+            else:
+                used = {k: sum((j.requests()[k] for j in self._bound(node)), Decimal(0)) for k in need}
+                free = node.allocatable()
+                why = [f"Insufficient {k}" for k in ("cpu", "memory", GPU) if need[k] and used[k] + need[k] > free[k]]
+                if not why:
+                    return node, ""
+            for w in why:
+                reasons[w] = reasons.get(w, 0) + 1
+        detail = ", ".join(f"{n} {w}" for w, n in sorted(reasons.items()))
+        return None, f"0/{len(self.nodes)} nodes are available: {detail}."
+
+    def _schedule_pending(self) -> None:
+        with self._lock:
+            for job in self.jobs:
+                if job.deleted or job.node is not None:
+                    continue
+                node, message = self._place(job)
+                if node is None:
+                    job.unschedulable = message
+                    continue
+                job.node, job.unschedulable = node.name, None
+                self._start_container(job)
+
+    def _lookup(self, kind: str, namespace: str, name: str, key: str | None, optional: bool) -> Any:
+        store, singular = (self.config_maps, "configmap") if kind == "configmap" else (self.secrets, "secret")
+        obj = store.get((namespace, name))
+        if obj is None:
+            if optional:
+                return {} if key is None else None
+            raise LookupError(f'{singular} "{name}" not found')
+        if key is None:
+            return obj
+        if key not in obj:
+            if optional:
+                return None
+            raise LookupError(f"couldn't find key {key} in {singular.capitalize()} {namespace}/{name}")
+        return obj[key]
+
+    def _container_env(self, job: RecordedJob) -> dict[str, str]:
+        """The kubelet's environment for the container: image ENV, envFrom, then env. Raises LookupError."""
+        env = dict(IMAGE_ENV)
+        for source in self.container_env_from(job):
+            if "configMapRef" in source:
+                ref, kind = source["configMapRef"], "configmap"
+            else:
+                ref, kind = source["secretRef"], "secret"
+            data = self._lookup(kind, job.namespace, ref["name"], None, bool(ref.get("optional")))
+            env.update({f"{source.get('prefix', '')}{k}": v for k, v in data.items()})
+        for entry in job.container.get("env") or []:
+            if "value" in entry:
+                env[entry["name"]] = entry["value"] or ""
+                continue
+            value_from = entry.get("valueFrom") or {}
+            if "secretKeyRef" in value_from or "configMapKeyRef" in value_from:
+                kind = "secret" if "secretKeyRef" in value_from else "configmap"
+                ref = value_from.get("secretKeyRef") or value_from.get("configMapKeyRef")
+                value = self._lookup(kind, job.namespace, ref["name"], ref["key"], bool(ref.get("optional")))
+                if value is not None:
+                    env[entry["name"]] = value
+            elif "fieldRef" in value_from:
+                path = value_from["fieldRef"]["fieldPath"]
+                env[entry["name"]] = {"metadata.name": job.name, "metadata.namespace": job.namespace,
+                                      "spec.nodeName": job.node or ""}.get(path, "")
+            else:
+                env[entry["name"]] = ""
+        return env
+
+    @staticmethod
+    def container_env_from(job: RecordedJob) -> list[dict[str, Any]]:
+        return job.container.get("envFrom") or []
+
+    def _start_container(self, job: RecordedJob) -> None:
+        try:
+            env = self._container_env(job)
+        except LookupError as exc:
+            job.waiting = ("CreateContainerConfigError", str(exc))
+            return
+        job.pod_env = env
+        container = job.container
+        argv = [*(container.get("command") or []), *(container.get("args") or [])]
+        if argv and argv[0] == "dagster":
+            argv[0] = str(Path(sys.executable).with_name("dagster"))
+        with open(job.log_path, "w") as log:
+            job.process = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        job.waiting = None
+
+    def _kill(self, job: RecordedJob) -> None:
+        if job.process is not None and job.process.poll() is None:
+            try:
+                os.killpg(job.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            job.process.wait(timeout=30)
+
+    def _watch(self) -> None:
+        """The kubelet's loop: enforce memory limits, bind pending pods when a pod ends, retry config errors."""
+        import psutil
+
+        ended: set[str] = set()
+        while not self._stopping:
+            time.sleep(0.1)
+            changed = False
+            with self._lock:
+                jobs = list(self.jobs)
+            for job in jobs:
+                if job.waiting and not job.deleted:  # the kubelet retries: a secret created later starts the pod
+                    self._start_container(job)
+                if job.process is None or job.name in ended:
+                    continue
+                if job.process.poll() is not None:
+                    ended.add(job.name)
+                    changed = True
+                    continue
+                limit = quantity((job.resources.get("limits") or {}).get("memory"))
+                if limit:
+                    try:
+                        root = psutil.Process(job.process.pid)
+                        rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                    except psutil.Error:
+                        continue
+                    if rss > limit:
+                        job.terminated_reason = "OOMKilled"
+                        self._kill(job)
+            if changed:
+                self._schedule_pending()
 
     # -- the API -----------------------------------------------------------------------------------------------
     def _find(self, namespace: str, name: str) -> RecordedJob | None:
@@ -176,67 +450,133 @@ class KubernetesJobsStub:
                          and not j.deleted), None)
 
     def _dispatch(self, req: BaseHTTPRequestHandler, method: str) -> None:
+        reply = req._reply  # type: ignore[attr-defined]
         url = urlparse(req.path)
-        jobs, pods = _JOBS.match(url.path), _PODS.match(url.path)
+        query = parse_qs(url.query)
+        jobs, pods, events, objects = (_JOBS.match(url.path), _PODS.match(url.path), _EVENTS.match(url.path),
+                                       _OBJECTS.match(url.path))
         if jobs and method == "POST" and not jobs["name"]:
             body = req._body()  # type: ignore[attr-defined]
             if self._find(jobs["ns"], body["metadata"]["name"]) is not None:
-                return req._reply(409, _status(409, "AlreadyExists", f"job {body['metadata']['name']} exists"))  # type: ignore[attr-defined]
+                return reply(409, _status(409, "AlreadyExists", f"job {body['metadata']['name']} exists"))
             job = self._create(jobs["ns"], body)
-            return req._reply(201, job.body)  # type: ignore[attr-defined]
+            return reply(201, job.body)
         if jobs and jobs["name"]:
             job = self._find(jobs["ns"], jobs["name"])
             if job is None:
-                return req._reply(404, _status(404, "NotFound", f'jobs.batch "{jobs["name"]}" not found'))  # type: ignore[attr-defined]
+                return reply(404, _status(404, "NotFound", f'jobs.batch "{jobs["name"]}" not found'))
             if method == "GET":
-                return req._reply(200, {**job.body, "status": job.status()})  # type: ignore[attr-defined]
+                return reply(200, {**job.body, "status": job.status()})
             if method == "DELETE":
-                if job.process is not None and job.process.poll() is None:
-                    job.process.terminate()
+                self._kill(job)
                 job.deleted = True
-                return req._reply(200, _status(200, "", "deleted", success=True))  # type: ignore[attr-defined]
+                self._schedule_pending()
+                return reply(200, _status(200, "", "deleted", success=True))
         if pods and method == "GET":
             if pods["name"] is None:
-                selector = parse_qs(url.query).get("labelSelector", [""])[0]
-                wanted = dict(kv.split("=", 1) for kv in selector.split(",") if "=" in kv)
-                items = [self._pod(j) for j in self.jobs if not j.deleted and _matches(j, wanted)]
-                return req._reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})  # type: ignore[attr-defined]
-            job = next((j for j in self.jobs if j.name == pods["name"]), None)
+                wanted = _selector(query.get("labelSelector", [""])[0])
+                items = [self._pod(j) for j in self.jobs if not j.deleted and j.namespace == pods["ns"]
+                         and _matches(j, wanted)]
+                return reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+            job = next((j for j in reversed(self.jobs) if self._pod_name(j) == pods["name"]), None)
             if job is None:
-                return req._reply(404, _status(404, "NotFound", f'pods "{pods["name"]}" not found'))  # type: ignore[attr-defined]
+                return reply(404, _status(404, "NotFound", f'pods "{pods["name"]}" not found'))
             if pods["log"]:
-                return req._reply(200, job.output(), "text/plain")  # type: ignore[attr-defined]
-            return req._reply(200, self._pod(job))  # type: ignore[attr-defined]
+                return reply(200, job.output(), "text/plain")
+            return reply(200, self._pod(job))
+        if pods and method == "DELETE" and pods["name"]:
+            job = next((j for j in self.jobs if self._pod_name(j) == pods["name"] and not j.deleted), None)
+            if job is None:
+                return reply(404, _status(404, "NotFound", f'pods "{pods["name"]}" not found'))
+            self._kill(job)
+            job.deleted = True
+            self._schedule_pending()
+            return reply(200, self._pod(job))
+        if events and method == "GET":
+            fields = _selector(query.get("fieldSelector", [""])[0])
+            items = [e for j in self.jobs if j.namespace == events["ns"] for e in self._events(j)
+                     if all(_get(e, k) == v for k, v in fields.items())]
+            return reply(200, {"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": items})
+        if objects and method == "GET" and objects["name"]:
+            store = self.config_maps if objects["kind"] == "configmaps" else self.secrets
+            data = store.get((objects["ns"], objects["name"]))
+            if data is None:
+                return reply(404, _status(404, "NotFound", f'{objects["kind"]} "{objects["name"]}" not found'))
+            kind = "ConfigMap" if objects["kind"] == "configmaps" else "Secret"
+            return reply(200, {"apiVersion": "v1", "kind": kind, "metadata": {"name": objects["name"]}, "data": data})
         self.unhandled.append(f"{method} {req.path}")
-        req._reply(404, _status(404, "NotFound", f"the Kubernetes stub does not implement {method} {url.path}"))  # type: ignore[attr-defined]
+        reply(404, _status(404, "NotFound", f"the Kubernetes stand-in does not implement {method} {url.path}"))
 
     def _create(self, namespace: str, body: dict[str, Any]) -> RecordedJob:
-        name = body["metadata"]["name"]
-        job = RecordedJob(namespace, body, self.workdir / f"{name}.log")
-        container = job.container
-        argv = [*(container.get("command") or []), *(container.get("args") or [])]
-        if argv and argv[0] == "dagster":
-            argv[0] = str(Path(sys.executable).with_name("dagster"))
-        env = {**self.base_env, **{k: v for k, v in job.env.items() if v is not None}}
+        job = RecordedJob(namespace, body, self.workdir / f"{body['metadata']['name']}.log")
         with self._lock:
             self.jobs.append(job)
-        with open(job.log_path, "w") as log:
-            job.process = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+        self._schedule_pending()
         return job
 
+    @staticmethod
+    def _pod_name(job: RecordedJob) -> str:
+        return job.name  # one pod per Job (backoffLimit 0), named after it
+
+    def _events(self, job: RecordedJob) -> list[dict[str, Any]]:
+        involved = {"kind": "Pod", "name": self._pod_name(job), "namespace": job.namespace}
+        found = []
+        if job.unschedulable:
+            found.append({"type": "Warning", "reason": "FailedScheduling", "message": job.unschedulable,
+                          "involvedObject": involved, "metadata": {"name": f"{job.name}.scheduling"}})
+        if job.waiting:
+            found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {job.waiting[1]}",
+                          "involvedObject": involved, "metadata": {"name": f"{job.name}.config"}})
+        return found
+
     def _pod(self, job: RecordedJob) -> dict[str, Any]:
-        code = job.exit_code()
-        phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+        phase, code = job.phase, job.exit_code()
+        conditions: list[dict[str, Any]] = []
+        if job.node is None:
+            conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                               "message": job.unschedulable or ""})
+        else:
+            conditions.append({"type": "PodScheduled", "status": "True"})
+        if job.terminated_reason == "Evicted":
+            conditions.append({"type": "DisruptionTarget", "status": "True",
+                               "reason": job.disruption,
+                               "message": "the pod was disrupted (the stand-in's evict())"})
+        state: dict[str, Any]
+        if job.waiting:
+            state = {"waiting": {"reason": job.waiting[0], "message": job.waiting[1]}}
+        elif job.process is None:
+            state = {"waiting": {"reason": "ContainerCreating"}} if job.node else {}
+        elif code is None:
+            state = {"running": {}}
+        else:
+            reason = job.terminated_reason or ("Completed" if code == 0 else "Error")
+            state = {"terminated": {"exitCode": code, "reason": reason}}
+        name = job.container.get("name", "dagster")
+        status: dict[str, Any] = {"phase": phase, "conditions": conditions}
+        if state:
+            status["containerStatuses"] = [{"name": name, "image": job.container.get("image") or "",
+                                            "imageID": "", "ready": state.get("running") is not None,
+                                            "restartCount": 0, "state": state}]
+        if job.terminated_reason == "Evicted":
+            status["reason"] = "Evicted"
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": job.name, "namespace": job.namespace,
+            "metadata": {"name": self._pod_name(job), "namespace": job.namespace,
                          "labels": {**job.labels, "job-name": job.name}},
-            "spec": {"containers": [{"name": job.container.get("name", "dagster"),
-                                     "image": job.container.get("image")}]},
-            "status": {"phase": phase},
+            "spec": {"nodeName": job.node, "containers": [{"name": name, "image": job.container.get("image")}]},
+            "status": status,
         }
+
+
+def _selector(raw: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in raw.split(",") if "=" in kv)
+
+
+def _get(obj: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None  # type: ignore[assignment]
+    return obj
 
 
 def _matches(job: RecordedJob, wanted: dict[str, str]) -> bool:
@@ -250,8 +590,9 @@ def _status(code: int, reason: str, message: str, success: bool = False) -> dict
 
 
 def instance_yaml(stub: KubernetesJobsStub, dagster_home: Path, namespace: str = "batch",
-                  extra: dict[str, Any] | None = None) -> str:
-    """A dagster.yaml whose run launcher is the real K8sRunLauncher talking to the stub."""
+                  extra: dict[str, Any] | None = None, env_config_maps: list[str] | None = None) -> str:
+    """A dagster.yaml whose run launcher is the real K8sRunLauncher talking to the stand-in. Run and step pods get
+    their environment from `env_config_maps` (create them in the stand-in, in `namespace`)."""
     config: dict[str, Any] = {
         "telemetry": {"enabled": False},
         "run_launcher": {
@@ -265,15 +606,9 @@ def instance_yaml(stub: KubernetesJobsStub, dagster_home: Path, namespace: str =
                 "job_namespace": namespace,
                 "load_incluster_config": False,
                 "kubeconfig_file": str(stub.kubeconfig),
+                "env_config_maps": env_config_maps or [],
             },
         },
     }
     config.update(extra or {})
     return yaml.safe_dump(config)
-
-
-def environment_for_jobs(**overrides: str) -> dict[str, str]:
-    """The base environment of Job processes: this process's, without a stray BATCH_INFER_GPUS."""
-    env = {k: v for k, v in os.environ.items() if k != "BATCH_INFER_GPUS"}
-    env.update(overrides)
-    return env

@@ -1,6 +1,8 @@
 """The deployment files in k8s/ validate offline: Kubernetes manifests (shipped and generated) with
 kubernetes-validate, the Helm values against the official chart's values.schema.json (vendored in k8s/schema/),
-the production dagster.yaml against Dagster's instance schema and each configured class's own config schema."""
+the instance dagster.yaml the chart renders from the values (tests/k8s/chart.py) against Dagster's instance schema
+and each configured class's own config schema; what a step pod gets from values.yaml is pinned in
+tests/k8s/step_pods.expected.yaml; the Dockerfiles are read for layer order, pins, user and build context."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUBERNETES_VERSION = "1.31"  # oldest minor version we support; kubernetes-validate ships its schema
-MANIFESTS = ["config.yaml", "secrets.example.yaml"]
+MANIFESTS = ["config.yaml", "secrets.example.yaml", "model-cache.yaml"]
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -33,8 +35,8 @@ def test_shipped_manifests_validate(name: str) -> None:
 
 
 def test_every_manifest_in_k8s_is_validated() -> None:
-    """A new manifest in k8s/ must be added to MANIFESTS (values.yaml and dagster.yaml are not manifests)."""
-    shipped = {p.name for p in K8S.glob("*.yaml")} - {"values.yaml", "dagster.yaml"}
+    """A new manifest in k8s/ must be added to MANIFESTS (values.yaml is not a manifest)."""
+    shipped = {p.name for p in K8S.glob("*.yaml")} - {"values.yaml"}
     assert shipped == set(MANIFESTS)
 
 
@@ -174,26 +176,32 @@ def test_helm_values_keep_the_settings_the_deployment_relies_on() -> None:
     assert values["runLauncher"]["config"]["k8sRunLauncher"]["loadInclusterConfig"] is True
     daemon = values["dagsterDaemon"]
     assert daemon["enabled"] and daemon["runCoordinator"]["type"] == "QueuedRunCoordinator"
-    assert daemon["runCoordinator"]["config"]["queuedRunCoordinator"]["maxConcurrentRuns"] > 0
-    assert daemon["runRetries"]["enabled"] and daemon["runMonitoring"]["enabled"]
+    assert daemon["runMonitoring"]["enabled"]
     (deployment,) = values["dagster-user-deployments"]["deployments"]
     assert deployment["dagsterApiGrpcArgs"] == ["-m", "batch_assets.definitions"]
     assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True  # run/step pods get env + secrets
-    assert {s["name"] for s in deployment["envSecrets"]} == {"batch-assets-s3"}
+    assert {s["name"] for s in deployment["envSecrets"]} == {"batch-assets-s3", "batch-assets-hf"}
     assert {c["name"] for c in deployment["envConfigMaps"]} == {"batch-assets-config"}
+    # the webserver and the daemon read and write compute logs in S3: they need the S3 credentials too
+    for service in ("dagsterWebserver", "dagsterDaemon"):
+        assert {s["name"] for s in values[service]["envSecrets"]} == {"batch-assets-s3"}, service
     # ... and the schema still defines every one of those keys (a chart upgrade that renames one fails here).
     schema = _chart_schema()
     defs = schema["definitions"]
     assert {"postgresqlScheme", "postgresqlHost"} <= set(defs["PostgreSQL"]["properties"])
-    assert {"includeConfigInLaunchedRuns", "envSecrets", "envConfigMaps", "dagsterApiGrpcArgs"} <= set(
-        defs["UserDeployment"]["properties"])
-    assert {"runMonitoring", "runRetries", "runCoordinator"} <= set(defs["Daemon"]["properties"])
-    assert "loadInclusterConfig" in defs["K8sRunLauncherConfig"]["properties"]
-    assert {"global", "generatePostgresqlPasswordSecret", "telemetry"} <= set(schema["properties"])
-    # the secrets and config map the values name are the ones k8s/ ships
+    assert {"includeConfigInLaunchedRuns", "envSecrets", "envConfigMaps", "dagsterApiGrpcArgs", "volumes",
+            "volumeMounts", "securityContext", "podSecurityContext"} <= set(defs["UserDeployment"]["properties"])
+    assert {"runMonitoring", "runRetries", "runCoordinator", "envSecrets"} <= set(defs["Daemon"]["properties"])
+    assert "envSecrets" in defs["Webserver"]["properties"]
+    assert {"loadInclusterConfig", "securityContext"} <= set(defs["K8sRunLauncherConfig"]["properties"])
+    assert {"global", "generatePostgresqlPasswordSecret", "telemetry", "additionalInstanceConfig"} <= set(
+        schema["properties"])
+    # the secrets, config map and claim the values name are the ones k8s/ ships
     shipped = {(d["kind"], d["metadata"]["name"]) for n in MANIFESTS for d in _documents(K8S / n)}
-    assert {("Secret", "batch-assets-s3"), ("Secret", values["global"]["postgresqlSecretName"]),
-            ("ConfigMap", "batch-assets-config")} <= shipped
+    claims = {("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) for v in deployment["volumes"]}
+    assert {("Secret", "batch-assets-s3"), ("Secret", "batch-assets-hf"),
+            ("Secret", values["global"]["postgresqlSecretName"]), ("ConfigMap", "batch-assets-config"),
+            *claims} <= shipped
 
 
 def test_config_map_sets_what_the_executor_reads() -> None:
@@ -203,37 +211,170 @@ def test_config_map_sets_what_the_executor_reads() -> None:
     assert isinstance(json.loads(data["BATCH_GPU_TOLERATIONS"]), list)
 
 
-# -- production dagster.yaml ----------------------------------------------------------------------------------------
+# -- the instance the chart renders from values.yaml -----------------------------------------------------------------
 
-def test_production_dagster_yaml_validates(tmp_path: Path) -> None:
+def test_rendered_instance_validates_and_keeps_production_settings(tmp_path: Path) -> None:
     from dagster._config import validate_config
     from dagster._core.instance.config import dagster_instance_config
     from dagster._serdes.config_class import ConfigurableClassData, class_from_code_pointer
 
-    (tmp_path / "dagster.yaml").write_text((K8S / "dagster.yaml").read_text())
-    config, _ = dagster_instance_config(str(tmp_path))  # the instance schema (storage, retries, monitoring, pools)
-    assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
-    assert config["run_retries"]["enabled"] and config["run_monitoring"]["enabled"]
+    from tests.k8s import chart
+
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(chart.instance(_values(), "batch")))
+    config, _ = dagster_instance_config(str(tmp_path))  # the instance schema (retries, monitoring, pools)
     for section in ("run_launcher", "run_coordinator", "compute_logs"):
         # as the instance loads it (ConfigurableClassData maps the public `dagster.core` path to `dagster._core`)
         data = ConfigurableClassData(config[section]["module"], config[section]["class"], "{}")
         cls = class_from_code_pointer(data.module_name, data.class_name)
         result = validate_config(cls.config_type(), config[section].get("config", {}))
         assert result.success, (section, [e.message for e in result.errors])
-    assert config["concurrency"]["runs"]["max_concurrent_runs"] > 0
-    assert config["concurrency"]["pools"]["granularity"] == "op"
+    # item 2 of issue 13: a deterministic step failure is not paid for again by a run retry
+    assert config["run_retries"] == {"enabled": True, "max_retries": 2, "retry_on_asset_or_op_failure": False}
+    runs = config["concurrency"]["runs"]
+    assert runs["max_concurrent_runs"] > 0
+    # one run per partition at a time: the second waits queued, without a pod
+    assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in runs[
+        "tag_concurrency_limits"]
+    # every pool, the `gpu` pool included, has a limit from the values (not unlimited until a CLI call)
+    assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "op"}
+    assert config["run_monitoring"]["enabled"]
 
 
-def test_dockerfiles_build_this_project() -> None:
-    for name in ("Dockerfile", "Dockerfile.cpu"):
-        text = (K8S / name).read_text()
-        for line in text.splitlines():
-            if line.startswith("COPY "):
-                for src in line.split()[1:-1]:
-                    assert (ROOT / src).exists(), f"{name} copies {src}, which is not in the repository"
-    assert 'pip install ".[vllm]"' in (K8S / "Dockerfile").read_text()
-    assert "torch==2.13.0" in (K8S / "Dockerfile.cpu").read_text()
-    import tomllib
+def test_rendering_refuses_a_setting_given_twice() -> None:
+    from tests.k8s import chart
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(r.startswith("vllm") for r in extras["vllm"])
+    values = _values()
+    values["dagsterDaemon"]["runRetries"]["enabled"] = True  # the chart would render run_retries twice
+    with pytest.raises(ValueError, match="run_retries"):
+        chart.instance(values, "batch")
+
+
+# -- what a step pod gets -----------------------------------------------------------------------------------------
+
+EXPECTED_STEP_PODS = Path(__file__).with_name("step_pods.expected.yaml")
+
+
+def _step_pods(tmp_path: Path, values: dict[str, Any], runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pod templates of a `runtime.gpus: 1` pipeline's read and infer step Jobs, as rendered from `values`."""
+    from tests.conftest import EMBED_SPEC, make_spec
+    from tests.k8s.conftest import chart_deployment, step_job
+    from tests.k8s.stub import KubernetesJobsStub
+
+    stub = KubernetesJobsStub(tmp_path / "stub", cwd=tmp_path).start()  # for its kubeconfig; nothing is posted
+    try:
+        deployment = chart_deployment(stub, tmp_path / "home", settings={}, values=values)
+        spec = make_spec(EMBED_SPEC, tmp_path, runtime=runtime or {"gpus": 1})
+        bodies = {stage: step_job(deployment, spec, stage, "a") for stage in ("raw", "inferred")}
+    finally:
+        stub.stop()
+    pods = {}
+    for stage, body in bodies.items():
+        kubernetes_validate.validate(body, KUBERNETES_VERSION, strict=True)
+        template = body["spec"]["template"]
+        container = template["spec"]["containers"][0]
+        # what the chart and the executor decide; the command and Dagster's own env vars are upstream's
+        container["env"] = sorted(e["name"] for e in container.get("env") or [])
+        container.pop("args", None)
+        template["spec"]["containers"] = [container]
+        template["metadata"].pop("labels", None)
+        pods[stage] = template
+    return pods
+
+
+def test_an_infer_step_pod_gets_the_policy_not_the_code_servers_sizing(tmp_path: Path) -> None:
+    """Issue 13 item 1: a `runtime.gpus: 1` infer pod must not inherit a memory limit from the user deployment,
+    even from a deployment that sets one (the values shipped before the fix: 250m / 1Gi, limit 2Gi)."""
+    values = _values()
+    values["dagster-user-deployments"]["deployments"][0]["resources"] = {
+        "requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    pods = _step_pods(tmp_path, values)
+    infer = pods["inferred"]["spec"]["containers"][0]["resources"]
+    assert infer == {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16Gi"},
+                     "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}  # resource_policy's GPU defaults
+    # the read step does inherit the deployment's sizing: that is what the shipped values must not give a limit
+    assert pods["raw"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "2Gi"}
+    # a CPU infer step whose policy names only CPU: no inherited memory limit either (replaced, not deep-merged)
+    cpu_only = _step_pods(tmp_path / "cpu", values, runtime={"resources": {"default": {"cpu": "2"}}})
+    assert cpu_only["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}
+
+
+def test_values_yaml_changes_to_step_pods_are_reviewed(tmp_path: Path) -> None:
+    """What k8s/values.yaml gives a CPU step pod and a GPU step pod, pinned. A change to values.yaml (or to the
+    executor) that changes a step pod fails here: review the difference, then regenerate the file with
+    UPDATE_STEP_PODS=1."""
+    import os
+
+    pods = _step_pods(tmp_path, _values())
+    if os.environ.get("UPDATE_STEP_PODS"):
+        EXPECTED_STEP_PODS.write_text(yaml.safe_dump(pods, sort_keys=True))
+    expected = yaml.safe_load(EXPECTED_STEP_PODS.read_text())
+    assert pods == expected, "values.yaml changed what a step pod gets:\n" + yaml.safe_dump(pods, sort_keys=True)
+    infer = pods["inferred"]["spec"]
+    assert infer["automountServiceAccountToken"] is False and pods["raw"]["spec"]["automountServiceAccountToken"] is False
+    assert infer["containers"][0]["securityContext"]["runAsNonRoot"] is True
+    assert "limits" not in pods["raw"]["spec"]["containers"][0]["resources"]
+
+
+# -- images -------------------------------------------------------------------------------------------------------
+
+CODE_DIRS = ("batch_assets", "resources", "examples_models")
+
+
+def _instructions(name: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in (K8S / name).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        current = f"{current} {line[:-1]}" if line.endswith("\\") else f"{current} {line}"
+        if not line.endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def _dockerignore() -> list[str]:
+    return [l.strip() for l in (ROOT / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
+def test_dockerfiles_build_this_project(name: str) -> None:
+    import fnmatch
+
+    steps = _instructions(name)
+    ignored = _dockerignore()
+    copies = [(i, args.split()[:-1]) for i, (op, args) in enumerate(steps) if op == "COPY"]
+    for _, sources in copies:
+        for src in sources:
+            assert (ROOT / src).exists(), f"{name} copies {src}, which is not in the repository"
+            assert not any(fnmatch.fnmatch(src, pat) for pat in ignored), f"{name} copies {src}, but .dockerignore drops it"
+    # dependencies before code: the expensive install comes from pyproject.toml alone, then the code is copied
+    code_at = min(i for i, sources in copies if set(sources) & set(CODE_DIRS))
+    installs = [i for i, (op, args) in enumerate(steps) if op == "RUN" and "pip install -r requirements.txt" in args]
+    assert installs and installs[0] < code_at, f"{name}: dependencies must be installed before the code is copied"
+    assert all("pyproject.toml" in " ".join(sources) or not set(sources) & set(CODE_DIRS)
+               for i, sources in copies if i < installs[0]), f"{name}: only metadata before the dependency layer"
+    # the code layer installs the project alone
+    assert any(op == "RUN" and "pip install --no-deps ." in args for i, (op, args) in enumerate(steps) if i > code_at)
+    # a pinned base image, and a non-root user for everything that runs
+    bases = [args for op, args in steps if op == "FROM"]
+    assert bases and all(":" in b and not b.endswith(":latest") for b in bases), bases
+    users = [(i, args) for i, (op, args) in enumerate(steps) if op == "USER"]
+    assert users and users[-1][1] not in ("root", "0") and users[-1][0] > max(
+        i for i, (op, _) in enumerate(steps) if op == "RUN"), f"{name} must end as a non-root USER"
+    runs = " ".join(args for op, args in steps if op == "RUN")
+    if name == "Dockerfile":
+        # vLLM pinned exactly (its torch pin decides the CUDA version and so the driver the nodes need)
+        assert re.search(r'"vllm==\d+\.\d+\.\d+"', runs), "pin vLLM exactly in k8s/Dockerfile"
+        import tomllib
+
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        assert any(r.startswith("vllm") for r in extras["vllm"])
+    else:
+        assert "torch==2.13.0" in runs and "download.pytorch.org/whl/cpu" in runs
+
+
+def test_the_build_context_leaves_out_what_images_do_not_need() -> None:
+    ignored = set(_dockerignore())
+    assert {".git", ".venv", "data", "tests", "**/__pycache__"} <= ignored

@@ -1,8 +1,9 @@
 """GPUs per partition on every launch path, end to end through the real Dagster and dagster-k8s code.
 
 `dagster dev` (webserver + daemon) runs with an instance whose run launcher is the real `K8sRunLauncher` and with
-BATCH_EXECUTOR=k8s (the batch executor built on `k8s_job_executor`), both talking to the loopback Jobs API stub
-(tests/k8s/stub.py), which records each Job and runs its `dagster api execute_run` / `execute_step` command here.
+BATCH_EXECUTOR=k8s (the batch executor built on `k8s_job_executor`), both talking to the loopback cluster stand-in
+(tests/k8s/stub.py), which schedules each Job's pod on a node that fits it (a CPU node, a 1-GPU and a 2-GPU node,
+tainted) and runs its `dagster api execute_run` / `execute_step` command here with the environment of its spec.
 Partition b is bigger than a, so the policy gives its infer step more GPUs, CPU and memory, another node pool and
 another toleration. Launch paths: a partition launched from the UI's GraphQL (as the Materialize button does), a
 single-run backfill over a..b (pipeline `docs`, the default policy), and a multi-run backfill of a and b (pipeline
@@ -15,6 +16,7 @@ asked for (an explicit device wins over BATCH_INFER_GPUS, see resources/base.py)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import kubernetes_validate
@@ -26,7 +28,8 @@ from tests.conftest import EMBED_SPEC, docs_rows, free_port, write_jsonl
 from tests.daemon_helpers import (
     TERMINAL_RUN_STATUSES, dagster_dev_command, dev_server, graphql, log_tail, wait_for, wait_ready,
 )
-from tests.k8s.stub import KubernetesJobsStub, RecordedJob
+from tests.k8s.conftest import CONFIG_MAP
+from tests.k8s.stub import KubernetesJobsStub, Node, RecordedJob
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +38,7 @@ LARGE_NODES = {"batch.example.com/gpu-pool": "a100"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 BIG_BATCH_TAINT = {"key": "dedicated", "operator": "Equal", "value": "big-batch", "effect": "NoSchedule"}
 STAGES = ("raw", "prepared", "inferred", "output")
+GPU_NODE_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
 RUNS_QUERY = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
@@ -135,11 +139,17 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
     (pipelines / "docs_multi.yaml").write_text(yaml.safe_dump(multi))
     env = {"DAGSTER_HOME": str(k8s_dagster_home), "BATCH_PIPELINES_DIR": str(pipelines),
            "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s"}
-    k8s_stub.base_env.update(env)
+    # Pods read the code location's settings from its ConfigMap (k8s/config.yaml); the GPU nodes fit the policy.
+    k8s_stub.config_maps[("batch", CONFIG_MAP)].update(env)
+    k8s_stub.nodes += [
+        Node("t4-1", cpu="8", memory="30Gi", gpus=1, labels=SMALL_NODES, taints=[GPU_NODE_TAINT]),
+        Node("a100-1", cpu="32", memory="120Gi", gpus=2, labels=LARGE_NODES,
+             taints=[GPU_NODE_TAINT, {"key": "dedicated", "value": "big-batch", "effect": "NoSchedule"}]),
+    ]
 
     port = free_port()
     log = tmp_path / "dagster-dev.log"
-    with dev_server(dagster_dev_command(port), k8s_stub.base_env, log) as proc:
+    with dev_server(dagster_dev_command(port), {**os.environ, **env}, log) as proc:
         wait_ready(port, proc, log)
         small = (1, "1", "2Gi", SMALL_NODES, [GPU_TAINT])
         large = (2, "4", "8Gi", LARGE_NODES, [GPU_TAINT, BIG_BATCH_TAINT])

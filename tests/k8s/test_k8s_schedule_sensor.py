@@ -1,5 +1,5 @@
 """GPUs per partition on the schedule and sensor launch paths, through the real K8sRunLauncher and the batch
-Kubernetes executor against the loopback Jobs API stub (tests/k8s/stub.py).
+Kubernetes executor against the loopback cluster stand-in (tests/k8s/stub.py).
 
 The daemon's own tick functions (the scheduler's `launch_scheduled_runs`, the sensor daemon's
 `execute_sensor_iteration`) evaluate the pipelines' schedule and sensor and submit runs to an instance whose run
@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tests.daemon_helpers import daily_spec, write_day
-from tests.k8s.stub import KubernetesJobsStub, instance_yaml
+from tests.k8s.conftest import CONFIG_MAP
+from tests.k8s.stub import KubernetesJobsStub, Node, instance_yaml
 from tests.test_sensors import drop, inbox_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,8 @@ def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, 
     # Runs go straight to K8sRunLauncher (no queue daemon in this test); two GPU-pool slots let two infer steps run.
     extra = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
              "concurrency": {"pools": {"default_limit": 2, "granularity": "op"}}}
-    (home / "dagster.yaml").write_text(instance_yaml(k8s_stub, home, extra=extra))
+    (home / "dagster.yaml").write_text(instance_yaml(k8s_stub, home, extra=extra, env_config_maps=[CONFIG_MAP]))
+    k8s_stub.nodes.append(Node("gpu-1", cpu="16", memory="64Gi", gpus=4))
 
     write_day(tmp_path / "days", DAY_SMALL)
     write_day(tmp_path / "days", DAY_BIG)
@@ -80,9 +82,9 @@ def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, 
         (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     env = {"DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
            "BATCH_EXECUTOR": "k8s"}
-    k8s_stub.base_env.update(env)
-    # The test's model class lives in tests/ (a real image would have the user's model package installed).
-    k8s_stub.base_env["PYTHONPATH"] = str(ROOT)
+    # Pods read the settings from the code location's ConfigMap. The test's model class lives in tests/ (a real
+    # image would have the user's model package installed), hence PYTHONPATH.
+    k8s_stub.create_config_map(CONFIG_MAP, {**env, "PYTHONPATH": str(ROOT)}, namespace="batch")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     defs_file = tmp_path / "code" / "k8s_defs.py"

@@ -52,8 +52,13 @@ def test_range_takes_the_largest_need(tmp_path: Path) -> None:
         "requests": {"nvidia.com/gpu": "2", "cpu": "8", "memory": "4Gi"},
         "limits": {"nvidia.com/gpu": "2", "memory": "4Gi"},
     }
-    assert config["container_config"]["env"] == [{"name": INFER_GPUS_ENV, "value": "2"}]
-    assert config["pod_spec_config"] == {"node_selector": {"pool": "large"}, "tolerations": [GPU_TAINT]}
+    assert config["container_config"]["env"] == [{"name": INFER_GPUS_ENV, "value": "2"},
+                                                 {"name": "BATCH_GPU_STRATEGY", "value": "tensor_parallel"}]
+    # two GPUs sharding one model: NCCL's /dev/shm is a memory-backed volume, not Kubernetes' 64 MB default
+    assert config["container_config"]["volume_mounts"] == [{"name": "dshm", "mount_path": "/dev/shm"}]
+    assert config["pod_spec_config"] == {
+        "node_selector": {"pool": "large"}, "tolerations": [GPU_TAINT],
+        "volumes": [{"name": "dshm", "empty_dir": {"medium": "Memory", "size_limit": "8Gi"}}]}
 
 
 def test_size_rules_read_file_sizes_and_parquet_footers(tmp_path: Path) -> None:

@@ -1,0 +1,152 @@
+"""The cluster stand-in (tests/k8s/stub.py) does to a Job what a cluster would, through the real kubernetes client:
+it binds a pod only where it fits, builds the container's environment from the spec alone, refuses to start a
+container whose Secret is missing, kills a container over its memory limit (OOMKilled) and can evict a pod."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s.stub import IMAGE_ENV, KubernetesJobsStub, Node
+
+NS = "batch"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _client(stub: KubernetesJobsStub):
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(str(stub.kubeconfig))
+    return client.BatchV1Api(api), client.CoreV1Api(api)
+
+
+def _job(name: str, script: str, resources: dict | None = None, pod: dict | None = None,
+         container: dict | None = None) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never", **(pod or {}),
+                "containers": [{"name": "main", "image": "batch-assets:test", "command": [sys.executable, "-c", script],
+                                "resources": resources or {}, **(container or {})}]}}}}
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _pod(core, name: str):
+    return core.list_namespaced_pod(NS, label_selector=f"job-name={name}").items[0]
+
+
+def test_a_gpu_pod_waits_pending_until_a_node_fits(tmp_path: Path) -> None:
+    nodes = [Node("cpu-1", cpu="8", memory="32Gi"),
+             Node("t4-1", gpus=1, labels={"pool": "gpu"}, taints=[GPU_TAINT]),
+             Node("a100-1", gpus=4, labels={"pool": "big"}, taints=[GPU_TAINT])]
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path, nodes=nodes).start()
+    try:
+        batch, core = _client(stub)
+        gpu = {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}
+        toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        # 2 GPUs with the wrong selector: the cpu node lacks the label; the tainted nodes are not tolerated.
+        batch.create_namespaced_job(NS, _job("wrong-pool", "pass", gpu, {"nodeSelector": {"pool": "gpu"}}))
+        pod = _pod(core, "wrong-pool")
+        assert pod.status.phase == "Pending"
+        (cond,) = [c for c in pod.status.conditions if c.type == "PodScheduled"]
+        assert (cond.status, cond.reason) == ("False", "Unschedulable")
+        assert cond.message == ("0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+                                "2 node(s) had untolerated taint {nvidia.com/gpu: present}.")
+        events = core.list_namespaced_event(NS, field_selector="involvedObject.name=wrong-pool").items
+        assert [e.reason for e in events] == ["FailedScheduling"]
+        # tolerated and selected, but the 1-GPU node is too small
+        batch.create_namespaced_job(NS, _job("too-big", "pass", gpu, {"nodeSelector": {"pool": "gpu"},
+                                                                      "tolerations": toleration}))
+        assert "1 Insufficient nvidia.com/gpu" in _pod(core, "too-big").status.conditions[0].message
+        # two 3-GPU pods on the 4-GPU node: one runs, the other waits for it to end, then runs
+        three = {"limits": {"nvidia.com/gpu": "3"}}  # requests default to limits
+        hold = "import time; time.sleep(1.5)"
+        for name in ("first", "second"):
+            batch.create_namespaced_job(NS, _job(name, hold, three, {"tolerations": toleration}))
+        assert _pod(core, "first").spec.node_name == "a100-1"
+        assert _pod(core, "second").status.phase == "Pending"
+        _wait("first to succeed", lambda: _pod(core, "first").status.phase == "Succeeded")
+        _wait("second to run", lambda: _pod(core, "second").spec.node_name == "a100-1")
+        assert batch.read_namespaced_job_status("wrong-pool", NS).status.active == 1  # still pending, still active
+    finally:
+        stub.stop()
+
+
+def test_the_container_environment_comes_from_the_spec_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_PROCESS_ONLY", "must-not-leak")
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path).start()
+    try:
+        batch, core = _client(stub)
+        stub.create_config_map("settings", {"BATCH_EXECUTOR": "k8s", "SHARED": "from-config-map"}, NS)
+        stub.create_secret("creds", {"AWS_ACCESS_KEY_ID": "AKIA-test", "SHARED": "from-secret"}, NS)
+        dump = "import json, os; print(json.dumps(dict(os.environ)))"
+        container = {"envFrom": [{"configMapRef": {"name": "settings"}}, {"secretRef": {"name": "creds"}}],
+                     "env": [{"name": "LITERAL", "value": "1"},
+                             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds",
+                                                                              "key": "AWS_ACCESS_KEY_ID"}}},
+                             {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
+        batch.create_namespaced_job(NS, _job("env", dump, container=container))
+        _wait("env to finish", lambda: _pod(core, "env").status.phase == "Succeeded")
+        env = json.loads(stub.jobs[0].output())
+        env.pop("LC_CTYPE", None)  # the interpreter may set it at start-up
+        assert env == {**IMAGE_ENV, "BATCH_EXECUTOR": "k8s", "SHARED": "from-secret", "AWS_ACCESS_KEY_ID": "AKIA-test",
+                       "LITERAL": "1", "TOKEN": "AKIA-test", "POD": "env"}
+
+        # A Secret nobody created: the container is never started, and the pod says why, as the kubelet does.
+        missing = {"envFrom": [{"secretRef": {"name": "batch-assets-hf"}}]}
+        batch.create_namespaced_job(NS, _job("no-secret", "print('ran')", container=missing))
+        time.sleep(0.5)
+        state = _pod(core, "no-secret").status.container_statuses[0].state
+        assert state.waiting.reason == "CreateContainerConfigError"
+        assert state.waiting.message == 'secret "batch-assets-hf" not found'
+        assert _pod(core, "no-secret").status.phase == "Pending" and stub.jobs[1].process is None
+        stub.create_secret("batch-assets-hf", {"HF_TOKEN": "hf_test"}, NS)  # the kubelet retries
+        _wait("the pod to start once the secret exists", lambda: _pod(core, "no-secret").status.phase == "Succeeded")
+    finally:
+        stub.stop()
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(tmp_path: Path) -> None:
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path).start()
+    try:
+        batch, core = _client(stub)
+        grow = "import time; b = bytearray(400 * 2**20); time.sleep(30)"
+        batch.create_namespaced_job(NS, _job("hog", grow, {"limits": {"memory": "200Mi"}}))
+        batch.create_namespaced_job(NS, _job("fits", grow.replace("30", "0.1"), {"limits": {"memory": "600Mi"}}))
+        _wait("hog to be killed", lambda: _pod(core, "hog").status.phase == "Failed", timeout=20)
+        terminated = _pod(core, "hog").status.container_statuses[0].state.terminated
+        assert (terminated.reason, terminated.exit_code) == ("OOMKilled", 137)
+        assert batch.read_namespaced_job_status("hog", NS).status.failed == 1
+        _wait("fits to succeed", lambda: _pod(core, "fits").status.phase == "Succeeded", timeout=20)
+    finally:
+        stub.stop()
+
+
+def test_an_evicted_pod_fails_its_job_with_a_disruption_condition(tmp_path: Path) -> None:
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path).start()
+    try:
+        batch, core = _client(stub)
+        batch.create_namespaced_job(NS, _job("spot", "import time; time.sleep(30)"))
+        _wait("spot to run", lambda: _pod(core, "spot").status.phase == "Running")
+        stub.evict(stub.jobs[0])
+        pod = _pod(core, "spot")
+        assert (pod.status.phase, pod.status.reason) == ("Failed", "Evicted")
+        assert [(c.type, c.status) for c in pod.status.conditions if c.type == "DisruptionTarget"] == [
+            ("DisruptionTarget", "True")]
+        assert batch.read_namespaced_job_status("spot", NS).status.failed == 1
+    finally:
+        stub.stop()

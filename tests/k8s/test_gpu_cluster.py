@@ -1,0 +1,220 @@
+"""A GPU pipeline on the cluster stand-in, deployed as the pinned Helm chart renders k8s/values.yaml
+(tests/k8s/chart.py): the instance dagster.yaml, the user deployment's container context, the chart's ConfigMaps and
+the Secrets the values name. Runs are launched as the UI does (GraphQL) and dequeued by the daemon's own run-queue
+iteration; their run-worker and step Jobs are scheduled by the stand-in onto a CPU node and a tainted 1-GPU node,
+with the environment of their spec only, and run here.
+
+What a platform engineer would meet on first contact, each checked here:
+- an infer step of a `runtime.gpus: 1` spec gets the policy's GPU defaults (16Gi), not the code server's sizing;
+- a spot reclaim (eviction) of the infer pod mid-partition: the step is retried and resumes from its chunk
+  checkpoints (rows paid for <= 1.1x the rows), and the run succeeds;
+- a second run of the same partition waits in the queue, without a pod;
+- a step pod's environment holds only what its spec gives (ConfigMaps, Secrets, literal env), never this process's;
+- an infer pod no node can take (2 GPUs asked, 1-GPU nodes only) fails its step within the configured time, saying
+  what it asked for and why no node fit, frees its `gpu` pool slot, is not retried, and the failed run is not
+  retried by the daemon (retry_on_asset_or_op_failure: false); an infer pod naming a missing Secret fails its step
+  at once, naming the Secret.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import write_jsonl
+from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
+from tests.k8s.models import rows_paid
+from tests.k8s.stub import CPU_NODE, IMAGE_ENV, KubernetesJobsStub, Node
+
+pytestmark = pytest.mark.slow
+
+GPU_NODE = Node("gpu-1", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
+                taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+ROWS = 40
+DEFS = "from batch_assets.definitions import build_definitions, load_all_specs\n\ndefs = build_definitions(*load_all_specs())\n"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> KubernetesJobsStub:
+    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE]).start()
+    yield stub
+    stub.stop()
+
+
+def _pipeline(tmp_path: Path, runtime: dict, seconds: float = 0.0) -> dict:
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"a{i}", "text": f"a{i}"} for i in range(ROWS)])
+    return {
+        "name": "gpu_docs",
+        "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "static", "keys": ["a", "b"]},
+        "prepare": {"id_column": "doc_id", "input_columns": ["text"]},
+        "task": {"kind": "predict"},
+        "model": {"provider": "custom", "config": {"class_path": "tests.k8s.models:PacedCountingModel",
+                                                   "init_kwargs": {"log": str(tmp_path / "model.log"),
+                                                                   "seconds": seconds}}},
+        "runtime": runtime,
+        "retries": {"max_retries": 2, "delay_seconds": 0, "jitter": False},
+    }
+
+
+def _deploy(tmp_path: Path, cluster: KubernetesJobsStub, spec: dict, monkeypatch: pytest.MonkeyPatch,
+            settings: dict[str, str] | None = None):
+    pipelines, store = tmp_path / "pipelines", tmp_path / "store"
+    pipelines.mkdir()
+    (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
+    local = {"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s",
+             # the test's model class lives in tests/ (a real image has the user's model package installed)
+             "PYTHONPATH": str(ROOT), **(settings or {})}
+    deployment = chart_deployment(cluster, tmp_path / "home", settings=local)
+    for key in ("BATCH_PIPELINES_DIR", "BATCH_STORAGE_ROOT", "BATCH_EXECUTOR"):  # the code server's env
+        monkeypatch.setenv(key, local[key])
+    defs = tmp_path / "code" / "defs.py"
+    defs.parent.mkdir()
+    defs.write_text(DEFS)
+    return deployment, defs, store
+
+
+def _wait(what: str, check, cluster: KubernetesJobsStub, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}\n{cluster.failures()}")
+
+
+def _finished(instance: dg.DagsterInstance, run_id: str, cluster: KubernetesJobsStub) -> dg.DagsterRun:
+    return _wait(f"run {run_id} to finish", lambda: (r := instance.get_run_by_id(run_id)) and r.is_finished and r,
+                 cluster)
+
+
+def _step_failures(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [e.dagster_event.event_specific_data.error.message
+            for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)]
+
+
+def test_an_evicted_infer_pod_resumes_and_a_second_run_of_the_partition_waits_queued(
+        tmp_path: Path, cluster: KubernetesJobsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_PROCESS_ONLY_SECRET", "must-not-reach-a-pod")
+    spec = _pipeline(tmp_path, {"gpus": 1, "chunk_rows": 4}, seconds=0.4)
+    deployment, defs, store = _deploy(tmp_path, cluster, spec, monkeypatch)
+    log = tmp_path / "model.log"
+    with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
+            code_location(instance, defs, deployment.container_context) as context:
+        first, second = launch(context, "gpu_docs_job", "a"), launch(context, "gpu_docs_job", "a")
+        dequeue(context)
+        # one run per partition: the second waits in the queue, with no run worker and no step pod
+        assert instance.get_run_by_id(first).status != dg.DagsterRunStatus.QUEUED
+        assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
+        assert cluster.jobs_for_run(second) == []
+
+        infer = _wait("the infer pod to be a third through", lambda: len(rows_paid(log)) >= ROWS // 3 and
+                      cluster.step_jobs(first).get("gpu_docs__inferred"), cluster)
+        assert infer.node == "gpu-1"
+        cluster.evict(infer)  # a spot reclaim
+        run = _finished(instance, first, cluster)
+        assert run.status == dg.DagsterRunStatus.SUCCESS, cluster.failures()
+        dequeue(context)  # the first run is over: now the second may start
+        assert instance.get_run_by_id(second).status != dg.DagsterRunStatus.QUEUED
+        cluster.stop()  # the second run is not needed further
+
+    # the retried step resumed from its checkpoints: every row once in the output, rows paid <= 1.1x
+    table = pq.read_table(store / "gpu_docs" / "output" / "a.parquet")
+    assert sorted(table.column("doc_id").to_pylist()) == sorted(f"a{i}" for i in range(ROWS))
+    paid = rows_paid(log)
+    assert set(paid) == {f"a{i}" for i in range(ROWS)} and len(paid) <= 1.1 * ROWS, (len(paid), paid)
+    attempts = [j for j in cluster.jobs_for_run(first) if j.step_key == "gpu_docs__inferred"]
+    assert [j.terminated_reason for j in attempts] == ["Evicted", None]
+    (retry,) = instance_logs(deployment.home, first, dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    reason = retry.dagster_event.event_specific_data.error.message
+    assert "gpu_docs__inferred" in reason and "Its pod was disrupted (TerminationByKubelet" in reason, reason
+
+    # the infer pod: the policy's GPU defaults, not the code server's sizing; on the GPU node pool
+    retried = attempts[-1]
+    assert retried.resources == {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16Gi"},
+                                 "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}
+    assert retried.pod_spec["nodeSelector"] == {"batch.example.com/node-pool": "gpu"}
+    # every pod's environment: the image's, its ConfigMaps and Secrets, and its literal env; nothing else
+    for job in cluster.jobs_for_run(first):
+        assert job.pod_env is not None and "TEST_PROCESS_ONLY_SECRET" not in job.pod_env
+        allowed = set(IMAGE_ENV) | {e["name"] for e in job.container.get("env") or []}
+        for source in job.container.get("envFrom") or []:
+            ref = source.get("configMapRef") or source.get("secretRef")
+            store_ = cluster.config_maps if "configMapRef" in source else cluster.secrets
+            allowed |= set(store_[(NAMESPACE, ref["name"])])
+        assert set(job.pod_env) <= allowed, set(job.pod_env) - allowed
+        assert job.pod_spec["automountServiceAccountToken"] is False or job.component == "run_worker"
+
+
+def instance_logs(home: Path, run_id: str, event_type: dg.DagsterEventType) -> list:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return list(instance.all_logs(run_id, of_type=event_type))
+
+
+def test_an_infer_pod_no_node_can_take_fails_its_step_in_time_and_frees_its_slot(
+        tmp_path: Path, cluster: KubernetesJobsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import consume_new_runs_for_automatic_reexecution
+
+    spec = _pipeline(tmp_path, {"gpus": 1, "resources": {"partitions": {"a": {"gpus": 2}}}})
+    write_jsonl(tmp_path / "data" / "b.jsonl", [{"doc_id": "b0", "text": "b0"}])
+    deployment, defs, _ = _deploy(tmp_path, cluster, spec, monkeypatch,
+                                  settings={"BATCH_STEP_PENDING_TIMEOUT_SECONDS": "2"})
+    # partition b's infer pod names a Secret nobody created (through the executor's per-step config)
+    missing_secret = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+        "container_config": {"env_from": [{"secret_ref": {"name": "batch-assets-extra"}}]}}}}}}
+    with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
+            code_location(instance, defs, deployment.container_context) as context:
+        run_id = launch(context, "gpu_docs_job", "a")
+        other = launch(context, "gpu_docs_job", "b", run_config=missing_secret)
+        dequeue(context)
+        run = _finished(instance, run_id, cluster)
+        assert run.status == dg.DagsterRunStatus.FAILURE
+        (message,) = _step_failures(instance, run_id)  # failed once: not retried by the step's RetryPolicy
+        assert "gpu_docs__inferred" in message and "its pod never started" in message
+        assert "asked for 2 GPU(s) (nvidia.com/gpu)" in message
+        assert "node selector {'batch.example.com/node-pool': 'gpu'}" in message
+        assert "tolerations ['nvidia.com/gpu:NoSchedule']" in message
+        assert ("0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node "
+                "affinity/selector.") in message, message
+        (infer,) = [j for j in cluster.jobs_for_run(run_id) if j.step_key == "gpu_docs__inferred"]
+        assert infer.deleted and infer.process is None  # never ran, and cannot start later
+        # the step's `gpu` pool slot (limit 1) was freed: the other run's infer step got it, and its pod, whose
+        # Secret is missing, failed its step at once, naming the Secret
+        assert _finished(instance, other, cluster).status == dg.DagsterRunStatus.FAILURE
+        (config_error,) = _step_failures(instance, other)
+        assert "its pod never started" in config_error and "gpu_docs__inferred" in config_error
+        assert 'CreateContainerConfigError: secret "batch-assets-extra" not found' in config_error, config_error
+        info = instance.event_log_storage.get_concurrency_info("gpu")
+        assert info.slot_count == 1 and info.active_slot_count == 0, info
+        # and the daemon's run retries do not re-run a step failure (values: retry_on_asset_or_op_failure false)
+        record = instance.get_run_records(dg.RunsFilter(run_ids=[run_id]))[0]
+        list(consume_new_runs_for_automatic_reexecution(context, [record], dg.get_dagster_logger()))
+        assert sorted(r.run_id for r in instance.get_runs()) == sorted([run_id, other])
+        assert instance.get_run_by_id(run_id).tags.get("dagster/will_retry") == "false"
+
+
+def test_the_rendered_deployment_is_what_the_tests_run(tmp_path: Path, cluster: KubernetesJobsStub,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The instance and container context these tests run under are the chart's rendering of k8s/values.yaml,
+    with only the in-cluster parts replaced (a guard against the fixtures drifting from the values)."""
+    from tests.k8s import chart
+
+    deployment, _, _ = _deploy(tmp_path, cluster, _pipeline(tmp_path, {"gpus": 1}), monkeypatch)
+    rendered = chart.instance(chart.values(), NAMESPACE)
+    used = yaml.safe_load((deployment.home / "dagster.yaml").read_text())
+    assert {k: v for k, v in used.items() if k != "compute_logs"} == {
+        **{k: v for k, v in rendered.items() if k != "compute_logs"},
+        "run_launcher": {**rendered["run_launcher"], "config": {
+            **rendered["run_launcher"]["config"], "load_incluster_config": False,
+            "kubeconfig_file": str(cluster.kubeconfig), "dagster_home": str(deployment.home)}}}
+    assert deployment.container_context == chart.container_context(chart.values(), NAMESPACE)
+    assert json.loads(chart.grpc_container_context_env(chart.values(), NAMESPACE)[
+        "DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]) == deployment.container_context
