@@ -51,7 +51,9 @@ $(CHROMIUM_STAMP): $(STAMP)
 	  || { echo "install Debian's chromium (sudo apt-get install chromium) for tests/test_browser.py"; exit 1; }
 	touch $@
 
-install-test: $(STAMP) $(LLAMA_STAMP) $(CHROMIUM_STAMP)
+# The llama-cpp-python build (minutes, on first use) and the chromium install (apt) run side by side.
+install-test: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP)
 
 demo: install
 	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.demo)")
@@ -63,11 +65,14 @@ ui: install
 	$(call step,"dg dev: the Dagster UI on http://127.0.0.1:$(UI_PORT) (instance in $(DAGSTER_HOME); Ctrl-C stops it)")
 	$(BIN)/dg dev --host 127.0.0.1 --port $(UI_PORT)
 
+# Two pytest-xdist workers; tests that start a Dagster daemon or webserver, or share a module's loaded model, are
+# grouped onto one worker (xdist_group; tests/README.md), heaviest first; the 25 slowest tests are printed.
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup
 test: install-test
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra $(PYTEST_PARALLEL) --durations=25
 
 test-fast: install-test
-	$(BIN)/pytest -q -ra -m "not slow"
+	$(BIN)/pytest -q -ra $(PYTEST_PARALLEL) --durations=25 -m "not slow"
 
 # Benchmarks (docs/BENCHMARKS.md): our pipeline vs a raw script, Daft and Ray Data, each a whole process,
 # interleaved and repeated. BENCH_PROFILE=quick (default) | full; BENCH_PEERS=0 skips the peers (docs/BENCHMARKS.md).

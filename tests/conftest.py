@@ -1,9 +1,32 @@
-"""Shared fixtures: temporary pipelines, storage roots, and a real S3-protocol server on loopback."""
+"""Shared fixtures (temporary pipelines, storage roots, a real S3-protocol server on loopback) and how the suite runs
+in parallel.
+
+`make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist): two worker processes, each its own pytest session.
+What that means for a test, and the convention for new ones (tests/README.md says the same in short):
+
+- Session-scoped fixtures (`s3_server`, `llama_server`) start once per worker, so at most twice per run. Nothing may
+  depend on being the only process: use `free_port()`, `tmp_path`, a fresh bucket, a fresh DAGSTER_HOME
+  (`tests.daemon_helpers.dagster_home`), never a fixed port or a path in the checkout. A test writes nothing under
+  the checkout (tests/test_dg.py scaffolds into a copy of the project).
+- A test that starts a Dagster daemon or webserver (`dagster dev`, `dg dev`, `make ui`, `dagster-daemon run`, the
+  Kubernetes Jobs stub driving real run workers) is marked `@pytest.mark.xdist_group(DAEMON_GROUP)`: those tests run
+  one after another on one worker, so two of them never fight over the two cores with wall-clock deadlines
+  running, while the other worker goes through the in-process tests (tests using the `k8s_stub` fixture join the
+  group automatically). Such a test uses
+  `tests.daemon_helpers.dagster_home`, whose instance polls its run queue every second (the shipped file: 5 s).
+- Tests that use a module-scoped fixture (a loaded model) are grouped by module automatically (below), so the model
+  loads once per run, not once per worker.
+- Heaviest first: tests are handed out longest first, from the measured seconds in tests/durations.json (a group
+  counts as the sum of its tests; a test not measured yet counts 20 s if marked `slow`, else 1 s). Refresh the file
+  after adding slow tests: `.venv/bin/pytest -n 2 --dist loadgroup --record-durations` (the whole suite).
+- `make test` prints the 25 slowest tests (`--durations=25`) so every CI run shows where the time goes.
+"""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +35,112 @@ from typing import Any
 import pytest
 
 from batch_assets.spec import PipelineSpec, parse_spec
+
+DAEMON_GROUP = "daemon"  # xdist_group of tests that start a Dagster daemon or webserver (module docstring)
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+UNMEASURED_SLOW_S, UNMEASURED_S = 20.0, 1.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test's measured seconds to {DURATIONS_FILE.name} (heaviest-first order)")
+
+
+def _group_of(item: pytest.Item) -> str | None:
+    marks = [m.args[0] if m.args else m.kwargs.get("name", "default") for m in item.iter_markers("xdist_group")]
+    return "_".join(sorted(set(map(str, marks)))) or None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group tests that share a module-scoped fixture by module; order work units heaviest first. Runs before
+    xdist reads the xdist_group marks, and identically on every worker (xdist checks the collections match)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shares_module_fixture = info is not None and any(
+            defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
+        if _group_of(item) is not None:
+            continue
+        if "k8s_stub" in item.fixturenames:  # real run workers launched as Kubernetes Jobs
+            item.add_marker(pytest.mark.xdist_group(DAEMON_GROUP))
+        elif shares_module_fixture:
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
+    measured: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+
+    def seconds(item: pytest.Item) -> float:
+        if item.nodeid in measured:
+            return measured[item.nodeid]
+        return UNMEASURED_SLOW_S if item.get_closest_marker("slow") else UNMEASURED_S
+
+    unit_of = {item.nodeid: _group_of(item) or item.nodeid for item in items}
+    weight: dict[str, float] = {}
+    for item in items:
+        weight[unit_of[item.nodeid]] = weight.get(unit_of[item.nodeid], 0.0) + seconds(item)
+    first_seen = {unit: n for n, unit in reversed(list(enumerate(unit_of[i.nodeid] for i in items)))}
+    items.sort(key=lambda i: (-weight[unit_of[i.nodeid]], first_seen[unit_of[i.nodeid]]))
+    units_dir = os.environ.get(UNITS_DIR_ENV)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if units_dir and worker:  # for the controller's scheduler (below)
+        (Path(units_dir) / f"{worker}.json").write_text(json.dumps(unit_of))
+
+
+# xdist's own `--dist loadgroup` marks a grouped test by appending "@group" to its nodeid, which pytest 9.2's
+# structured node ids ignore: every test became its own unit. Instead each worker writes the unit of each test
+# (a group, or the test itself) to a file, and the controller schedules whole units from it, in collection order
+# (heaviest first). Same flags (`-n 2 --dist loadgroup`); only the grouping is read differently.
+UNITS_DIR_ENV = "BATCH_TESTS_XDIST_UNITS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    import tempfile
+
+    os.environ[UNITS_DIR_ENV] = tempfile.mkdtemp(prefix="xdist-units-")  # inherited by the workers it starts
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and os.environ.get(UNITS_DIR_ENV):
+        import shutil
+
+        shutil.rmtree(os.environ.pop(UNITS_DIR_ENV), ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        """Whole units (an xdist_group, or one test) to one worker each, in collection order."""
+
+        _units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._units is None:
+                found = sorted(Path(os.environ[UNITS_DIR_ENV]).glob("*.json"))
+                assert found, f"no worker wrote its test units to {os.environ[UNITS_DIR_ENV]}"
+                self._units = json.loads(found[0].read_text())
+            return self._units.get(nodeid, nodeid)
+
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
+
+
+_recorded: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    nodeid = report.nodeid.split("@")[0] if "@" in report.nodeid.rsplit("]", 1)[-1] else report.nodeid
+    _recorded[nodeid] = _recorded.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not session.config.getoption("--record-durations") or hasattr(session.config, "workerinput"):
+        return  # only the controller (or a run without -n) writes the file
+    merged = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+    merged.update({k: round(v, 1) for k, v in _recorded.items()})
+    DURATIONS_FILE.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
 
 
 def free_port() -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -168,11 +167,28 @@ class SlowModel(CountingModel):
         return {"prediction": [len(t) for t in batch["text"]]}
 
 
-def dagster_home(home: Path) -> Path:
-    """A fresh DAGSTER_HOME with the project's dagster.yaml (run queue, pools) as `make ui` uses it."""
+# Test instances poll their run queue every second (Dagster's default, and the shipped file's: 5 s), so a queued
+# run starts within a second of being queued. Nothing else differs from the shipped dagster.yaml.
+TEST_INSTANCE_OVERRIDES: dict[str, Any] = {"run_coordinator": {"config": {"dequeue_interval_seconds": 1}}}
+
+
+def dagster_home(home: Path, shipped: bool = False) -> Path:
+    """A fresh DAGSTER_HOME with the project's dagster.yaml (run queue, pools) as `make ui` uses it, with the run
+    queue polled every second (TEST_INSTANCE_OVERRIDES) unless `shipped`."""
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    if not shipped:
+        for key, value in TEST_INSTANCE_OVERRIDES.items():
+            config[key] = _merged(config.get(key) or {}, value)
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return home
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
 
 
 def dagster_dev_command(port: int) -> list[str]:
@@ -198,14 +214,20 @@ def dev_server(command: list[str], env: Mapping[str, str], log: Path) -> Iterato
             proc.wait(timeout=15)
 
 
+class GraphQLError(AssertionError):
+    """The webserver answered, with GraphQL errors: a wrong query or a server-side failure, never "not ready"."""
+
+
 def graphql(port: int, query: str, variables: dict | None = None) -> dict:
-    """The `data` of a query to the webserver's GraphQL API; GraphQL errors fail the test."""
+    """The `data` of a query to the webserver's GraphQL API; GraphQL errors fail the test (GraphQLError, with the
+    server's messages)."""
     body = json.dumps({"query": query, "variables": variables or {}}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         payload = json.loads(resp.read())
-    assert "errors" not in payload, payload
+    if payload.get("errors"):
+        raise GraphQLError(f"GraphQL errors for {query[:200]!r}: {payload['errors']}")
     return payload["data"]
 
 
@@ -213,20 +235,32 @@ def log_tail(log: Path, chars: int = 3000) -> str:
     return log.read_text(errors="replace")[-chars:]
 
 
-def wait_ready(port: int, proc: subprocess.Popen, log: Path, seconds: float = 120) -> str:
-    """Wait until the webserver serves a loaded code location; its name. Fails at once if the server exited."""
+LOCATIONS_QUERY = """{ workspaceOrError { __typename ... on PythonError { message }
+  ... on Workspace { locationEntries { name loadStatus locationOrLoadError { __typename
+    ... on PythonError { message } ... on RepositoryLocation { repositories { name } } } } } } }"""
+
+
+def wait_ready(port: int, proc: subprocess.Popen, log: Path, seconds: float = 120, interval: float = 0.5) -> str:
+    """Wait until the webserver serves a loaded code location; its name. Fails at once if the server exited, a
+    query is refused with GraphQL errors, or the code location failed to load (with the load error)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        assert proc.poll() is None, log_tail(log)
+        assert proc.poll() is None, "the server exited:\n" + log_tail(log)
         try:
-            data = graphql(port, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
-                                 "location { name } } } } }")
-            nodes = data["repositoriesOrError"].get("nodes")
-            if nodes:
-                return nodes[0]["location"]["name"]
-        except (OSError, AssertionError, KeyError, TypeError, ValueError):
-            pass  # not listening yet, or the code location still loading
-        time.sleep(1)
+            data = graphql(port, LOCATIONS_QUERY)
+        except (OSError, ValueError):  # not listening yet (connection refused, reset, or a half-written answer)
+            time.sleep(interval)
+            continue
+        workspace = data["workspaceOrError"]
+        assert workspace["__typename"] == "Workspace", workspace
+        for entry in workspace["locationEntries"]:
+            loaded = entry["locationOrLoadError"] or {}
+            if loaded.get("__typename") == "PythonError":
+                raise AssertionError(f"code location {entry['name']!r} failed to load: {loaded['message']}\n"
+                                     + log_tail(log))
+            if entry["loadStatus"] == "LOADED" and loaded.get("repositories"):
+                return entry["name"]
+        time.sleep(interval)
     raise AssertionError("dagster dev did not become ready:\n" + log_tail(log))
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from batch_assets.errors import PipelineError
 from batch_assets.storage import ArrowStorage, exists
 from tests.bad_input_helpers import assert_nothing_published, failure_message
@@ -78,5 +76,8 @@ def test_duplicate_and_blank_row_ids(tmp_path: Path) -> None:
 def test_pipeline_error_renders_every_location_field() -> None:
     err = PipelineError("bad", pipeline="p", partition="k", file="f.csv", column="c", row=3, fix="do x")
     assert str(err) == "bad [pipeline 'p', partition 'k', file 'f.csv', column 'c', row 3]. What to do: do x"
-    with pytest.raises(PipelineError):
-        raise err
+    # A stage raises with what it knows; the asset adds pipeline and partition, never overwriting a field.
+    inner = PipelineError("bad", column="c", row=3, fix="do x", retryable=True)
+    outer = inner.located(pipeline="p", partition="k", column="other")
+    assert str(outer) == "bad [pipeline 'p', partition 'k', column 'c', row 3]. What to do: do x"
+    assert outer.retryable and str(inner) == "bad [column 'c', row 3]. What to do: do x"

@@ -13,13 +13,13 @@ import dagster as dg
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import DAEMON_GROUP, free_port
 from tests.daemon_helpers import (
     DAGSTER, ROOT, daily_spec, dagster_dev_command, dagster_home, dev_server, log_tail, wait_for, write_day,
 )
 from tests.test_sensors import drop, inbox_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(DAEMON_GROUP)]  # starts dagster dev
 
 
 def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path) -> None:

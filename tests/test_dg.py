@@ -1,6 +1,7 @@
 """Dagster's own tooling on this project, through the real `dg` CLI from the project root: `dg check defs`,
 `dg list defs` (the component-declared pipeline is listed with its defs.yaml), and a pipeline scaffolded with
-`dg scaffold defs` materializes one partition with `dg launch`."""
+`dg scaffold defs` (in a copy of the project under tmp_path) materializes one partition, then a range, with
+`dg launch`."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ DG = str(Path(sys.executable).with_name("dg"))
 pytestmark = pytest.mark.slow
 
 
-def _dg(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def _dg(*args: str, env: dict | None = None, timeout: int = 300, project: Path = ROOT) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "BATCH_PIPELINES_DIR"}
-    proc = subprocess.run([DG, *args], cwd=ROOT, env={**environment, **(env or {})}, capture_output=True,
+    proc = subprocess.run([DG, *args], cwd=project, env={**environment, **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, f"dg {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -44,27 +45,45 @@ def test_dg_check_and_list_defs() -> None:
     assert "batch_assets.components.BatchInferencePipeline" in components
 
 
+def project_copy(dest: Path) -> Path:
+    """The project as a user has it, in `dest`: its package copied (so a scaffold lands in the copy's
+    batch_assets/defs, never in the checkout other tests load), the rest linked."""
+    dest.mkdir(parents=True)
+    shutil.copytree(ROOT / "batch_assets", dest / "batch_assets", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
+        shutil.copyfile(ROOT / name, dest / name)
+    for name in ("resources", "examples_models", ".venv"):
+        (dest / name).symlink_to(ROOT / name)
+    return dest
+
+
 def test_scaffolded_component_pipeline_materializes(tmp_path: Path) -> None:
     name = f"scaffolded_{uuid.uuid4().hex[:8]}"
-    folder = ROOT / "batch_assets" / "defs" / name
+    project = project_copy(tmp_path / "project")
+    folder = project / "batch_assets" / "defs" / name
     data, store, home = tmp_path / "data", tmp_path / "store", tmp_path / "home"
     write_jsonl(data / "a.jsonl", [{**r, "topic": "t", "title": r["doc_id"]} for r in docs_rows("a", 6)])
     home.mkdir()
     shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
-    try:
-        _dg("scaffold", "defs", "batch_assets.components.BatchInferencePipeline", name)
-        decl = yaml.safe_load((folder / "defs.yaml").read_text())
-        assert decl["type"] == "batch_assets.components.BatchInferencePipeline"
-        assert decl["attributes"]["name"] == name
-        # Edit the scaffold as a user would: point it at their data.
-        decl["attributes"]["source"] = {"format": "jsonl", "path": f"{data}/*.jsonl",
-                                        "columns": ["doc_id", "topic", "title", "text"]}
-        (folder / "defs.yaml").write_text(yaml.safe_dump(decl, sort_keys=False))
+    # The copy's package is imported, not the checkout's (the editable install points there).
+    env = {"DAGSTER_HOME": str(home), "BATCH_STORAGE_ROOT": str(store), "PYTHONPATH": str(project)}
 
-        shards = hash_shard_keys(2)
-        env = {"DAGSTER_HOME": str(home), "BATCH_STORAGE_ROOT": str(store)}
-        _dg("launch", "--assets", f"group:{name}", "--partition-range", f"{shards[0]}...{shards[1]}", env=env)
-        rows = sum(pq.read_table(store / name / "output" / f"{s}.parquet").num_rows for s in shards)
-        assert rows == 6
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    _dg("scaffold", "defs", "batch_assets.components.BatchInferencePipeline", name, project=project, env=env)
+    assert not (ROOT / "batch_assets" / "defs" / name).exists()
+    decl = yaml.safe_load((folder / "defs.yaml").read_text())
+    assert decl["type"] == "batch_assets.components.BatchInferencePipeline"
+    assert decl["attributes"]["name"] == name
+    # Edit the scaffold as a user would: point it at their data.
+    decl["attributes"]["source"] = {"format": "jsonl", "path": f"{data}/*.jsonl",
+                                    "columns": ["doc_id", "topic", "title", "text"]}
+    (folder / "defs.yaml").write_text(yaml.safe_dump(decl, sort_keys=False))
+
+    shards = hash_shard_keys(2)
+    # docs/adding-a-pipeline.md's two launch commands: one partition, then a range
+    _dg("launch", "--assets", f"group:{name}", "--partition", shards[0], project=project, env=env)
+    assert pq.read_table(store / name / "output" / f"{shards[0]}.parquet").num_rows > 0
+    assert not (store / name / "output" / f"{shards[1]}.parquet").exists()
+    _dg("launch", "--assets", f"group:{name}", "--partition-range", f"{shards[0]}...{shards[1]}", project=project,
+        env=env)
+    rows = sum(pq.read_table(store / name / "output" / f"{s}.parquet").num_rows for s in shards)
+    assert rows == 6

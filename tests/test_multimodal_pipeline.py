@@ -7,15 +7,12 @@ import io
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
+from PIL import Image
 
 from batch_assets.infer import InferStats, infer_batches
 from batch_assets.prepare import prepare_batches
 from batch_assets.spec import parse_spec
 from resources.protocols import Generation
-
-PIL = pytest.importorskip("PIL.Image")
-
 
 class RecordingGenerator:
     """Stand-in at the narrowest seam: records the conversations the infer stage builds."""
@@ -30,7 +27,7 @@ class RecordingGenerator:
 
 def test_images_prepared_once_and_sent_as_content_parts(tmp_path: Path) -> None:
     big = tmp_path / "red.png"
-    PIL.new("RGB", (1200, 600), (255, 0, 0)).save(big)
+    Image.new("RGB", (1200, 600), (255, 0, 0)).save(big)
     spec = parse_spec({
         "name": "captions",
         "source": {"format": "jsonl", "path": str(tmp_path / "{partition}.jsonl"), "columns": ["id", "image", "hint"]},
@@ -56,7 +53,7 @@ def test_images_prepared_once_and_sent_as_content_parts(tmp_path: Path) -> None:
     assert content[0] == {"type": "text", "text": "Describe this image (colour)."}
     url = content[1]["image_url"]["url"]
     assert url.startswith("data:image/jpeg;base64,")
-    sent = PIL.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
     assert max(sent.size) == 256  # resized in preparation
     assert out[0]["generated_text"] == "a red square" and out[0]["error"] is None
     assert out[1]["generated_text"] is None and "missing.png" in out[1]["error"]

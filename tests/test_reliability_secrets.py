@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from batch_assets.spec import SpecError, parse_spec
-from tests.conftest import write_jsonl
+from tests.conftest import DAEMON_GROUP, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -208,6 +208,7 @@ def _openai_spec(data_dir: Path, base_url: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(DAEMON_GROUP)  # starts the webserver
 def test_the_ui_shows_env_references_never_the_secrets(tmp_path: Path) -> None:
     """A real run with a top-level and a nested secret, then the real webserver asked what the UI shows."""
     from tests.providers.fault_proxy import Echo, FaultProxy

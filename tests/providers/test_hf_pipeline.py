@@ -7,12 +7,12 @@ the model's id2label, label mapping, zero-shot NLI wiring), not accuracy: a rand
 from __future__ import annotations
 
 import pytest
+import transformers
 
 from resources.custom import HFPipelineProvider
 from resources.errors import ModelLoadError
 from resources.protocols import BatchPredictor, TextClassifier
 
-transformers = pytest.importorskip("transformers")
 
 WORDS = "the a team won match game goal soup recipe bake oven bread".split()
 TEXTS = ["the team won the match", "bake the bread in the oven", "a goal", "soup recipe"]

@@ -11,11 +11,9 @@ import io
 import threading
 
 import pytest
+from PIL import Image
 
-PIL = pytest.importorskip("PIL", reason="Pillow is not installed in this environment")
-from PIL import Image  # noqa: E402
-
-from resources.multimodal import (  # noqa: E402
+from resources.multimodal import (
     ImageLoadError,
     PreparedImage,
     build_user_content,

@@ -14,7 +14,6 @@ import pytest
 from resources.protocols import GenerationParams
 from resources.structured import StructuredOutput, arrow_type_for, validate_output
 
-pytest.importorskip("xgrammar")
 pytestmark = pytest.mark.slow
 
 LABELS = ("positive", "negative", "neutral")

@@ -14,11 +14,12 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
+import transformers
+from PIL import Image
 
 from resources.protocols import ImageClassifier, ImageEmbedder, TextEmbedder
 from resources.vision import ImageModelProvider
-
-torch = pytest.importorskip("torch")
 
 TINY_NET = textwrap.dedent(
     '''
@@ -91,7 +92,6 @@ def test_torch_module_kwargs_and_custom_preprocess(net_module):
 
 
 def test_torch_module_classifies_by_label_prototypes(net_module, tmp_path):
-    Image = pytest.importorskip("PIL.Image", reason="example images are files: Pillow decodes them")
     examples = {}
     for label, color in (("red", RED), ("blue", BLUE)):
         paths = []
@@ -145,8 +145,6 @@ def test_exactly_one_backend():
 def tiny_clip_folder(tmp_path_factory) -> str:
     """A random CLIP with 8-dim projections, saved as transformers + processor files: sentence-transformers
     recognises the CLIP architecture and gives it an image and a text side."""
-    pytest.importorskip("PIL", reason="the CLIP image processor needs Pillow")
-    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
     for ch in "abcdefghijklmnopqrstuvwxyz.":

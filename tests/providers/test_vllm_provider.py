@@ -105,10 +105,23 @@ def test_sampling_params_reach_the_engine_once_for_all_rows():
 def test_choices_go_to_structured_outputs_and_are_validated():
     p = make()
     labels = ("Finance", "Retail", "Other")
+    # The engine's answers are checked, not trusted: rows 3 and 5 come back off the list (a grammar the engine did
+    # not enforce, a label cut short or cased differently).
+    wrong = {3: "Fin", 5: "retail"}
+
+    def reply(conversation, sampling):
+        row = int(conversation[-1]["content"].split()[-1])
+        return wrong.get(row, labels[row % 3]), "stop"
+
+    p.loaded.reply = reply
     results = p.generate(conversations(8), GenerationParams(max_new_tokens=4, choices=labels))
     constraint = getattr(p.loaded.chat_calls[0].sampling_params, p.api.structured_field)
     assert isinstance(constraint, p.api.StructuredOutputsParams) and constraint.choice == list(labels)
-    assert all(r.text in labels and r.parsed == r.text and r.error is None for r in results)
+    for row, r in enumerate(results):
+        if row in wrong:  # a row error with the raw text kept, never a label
+            assert r.parsed is None and r.text == wrong[row] and f"'{wrong[row]}' is not one of the labels" in r.error
+        else:
+            assert r.error is None and r.parsed == r.text == labels[row % 3], (row, r)
 
 
 def test_json_rows_that_ran_out_of_tokens_are_row_errors_with_raw_text():
@@ -171,7 +184,10 @@ def test_works_as_a_dagster_resource():
 
     @dg.asset
     def labels(llm: VLLMEngineProvider) -> dict:
-        texts = [g.text for g in llm.generate(conversations(3), GenerationParams(choices=("a", "b")))]
+        llm.loaded.reply = lambda conversation, sampling: ("b" if conversation[-1]["content"] == "row 01" else "c",
+                                                           "stop")
+        generated = llm.generate(conversations(3), GenerationParams(choices=("a", "b")))
+        texts = [g.parsed if g.error is None else "error" for g in generated]
         return {"texts": texts, "engine_args": llm.loaded.engine_args, "lora": llm.lora_request().lora_name}
 
     provider = VLLMEngineProvider(
@@ -185,7 +201,7 @@ def test_works_as_a_dagster_resource():
     result = dg.materialize([labels], resources={"llm": provider})
     assert result.success
     out = result.output_for_node("labels")
-    assert all(t in ("a", "b") for t in out["texts"])
+    assert out["texts"] == ["error", "b", "error"]  # "c" is not a choice: a row error, not an answer
     assert out["engine_args"]["max_num_seqs"] == 4 and out["engine_args"]["enable_lora"] is True
     assert out["lora"] == "sql"
 

