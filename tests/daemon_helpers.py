@@ -151,16 +151,24 @@ def write_day(data_dir: Path, day: str, rows: int = 3, poison: bool = False) -> 
 
 
 class SlowModel(CountingModel):
-    """Records when each batch starts and ends ('span <start> <end>'), taking `seconds` per batch."""
+    """Records when each batch starts and ends ('span <start> <end>'), taking `seconds` per batch. With `gate`, a
+    batch first touches `<gate>.entered`, then waits until the file `gate` exists: a test holds a run inside its
+    infer step for as long as it needs to see what another run does meanwhile."""
 
-    def __init__(self, log: str, seconds: float = 1.0):
+    def __init__(self, log: str, seconds: float = 1.0, gate: str | None = None):
         super().__init__(log)
-        self.seconds = seconds
+        self.seconds, self.gate = seconds, gate
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         import time
 
         start = time.time()
+        if self.gate:
+            Path(f"{self.gate}.entered").touch()
+            while not Path(self.gate).exists():
+                if time.time() - start > 300:
+                    raise TimeoutError(f"gate {self.gate} never opened")
+                time.sleep(0.1)
         time.sleep(self.seconds)
         with self.log.open("a") as f:
             f.write(f"span {start} {time.time()}\n")

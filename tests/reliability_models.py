@@ -34,21 +34,31 @@ class TextLength:
 
 
 class SlowTextLength:
-    """`TextLength` that takes its time (so two runs of one partition overlap) and can pull the plug on a process
-    at its Nth call (to fail storage in the middle of a stage)."""
+    """`TextLength` that takes its time, can pull the plug on a process at its Nth call (to fail storage in the
+    middle of a stage), and can hold its first call until a gate file exists (so a test decides when two runs of
+    one partition overlap, instead of hoping their timing does): it writes `<gate>.entered`, then waits."""
 
     calls = 0
 
-    def __init__(self, seconds: float = 0.2, kill_pid_env: str | None = None, kill_at_call: int = 0) -> None:
-        self.seconds, self.kill_pid_env, self.kill_at_call = seconds, kill_pid_env, kill_at_call
+    def __init__(self, seconds: float = 0.2, kill_pid_env: str | None = None, kill_at_call: int = 0,
+                 gate: str | None = None) -> None:
+        self.seconds, self.kill_pid_env, self.kill_at_call, self.gate = seconds, kill_pid_env, kill_at_call, gate
 
     def __call__(self, batch: dict[str, list[Any]]) -> list[int]:
         import os
         import signal
         import time
+        from pathlib import Path
 
         SlowTextLength.calls += 1
         if self.kill_pid_env and SlowTextLength.calls == self.kill_at_call:
             os.kill(int(os.environ[self.kill_pid_env]), signal.SIGKILL)
+        if self.gate and SlowTextLength.calls == 1:
+            Path(f"{self.gate}.entered").touch()
+            deadline = time.monotonic() + 300
+            while not Path(self.gate).exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gate {self.gate} never opened")
+                time.sleep(0.1)
         time.sleep(self.seconds)
         return [len(t or "") for t in batch["text"]]

@@ -11,7 +11,7 @@ import pytest
 from batch_assets.pools import endpoint_pool, infer_pool
 from batch_assets.spec import parse_spec
 from tests.conftest import GENERATE_SPEC, make_spec, pipeline_definitions
-from tests.daemon_helpers import daily_spec, write_day
+from tests.daemon_helpers import daily_spec, model_trace, write_day
 
 DAYS = ["2026-11-01", "2026-11-02"]
 
@@ -36,16 +36,23 @@ def _run_day(spec_raw: dict, store: str, instance_ref, day: str) -> None:
     assert job.execute_in_process(instance=instance, partition_key=day).success
 
 
+def _blocked_runs(instance, pool: str) -> set[str]:
+    """Runs whose step logged that it waited for a slot of `pool`."""
+    return {run.run_id for run in instance.get_runs() for entry in instance.all_logs(run.run_id)
+            if entry.message == f"Step blocked by limit for pool {pool}"}
+
+
 @pytest.mark.slow
 def test_two_runs_in_one_pool_take_turns_at_the_infer_step(tmp_path: Path) -> None:
     import multiprocessing
+    import time
 
-    data, log = tmp_path / "data", tmp_path / "model.log"
+    data, log, gate = tmp_path / "data", tmp_path / "model.log", tmp_path / "gate"
     for day in DAYS:
         write_day(data, day)
     raw = daily_spec(data, log, runtime={"pool": "endpoint:test-api"})
     raw["model"]["config"] = {"class_path": "tests.daemon_helpers:SlowModel",
-                              "init_kwargs": {"log": str(log), "seconds": 1.0}}
+                              "init_kwargs": {"log": str(log), "seconds": 0.2, "gate": str(gate)}}
     job = pipeline_definitions(parse_spec(raw), tmp_path / "store").resolve_job_def("daily_docs_job")
     assert job.graph.node_named("daily_docs__inferred").definition.pool == "endpoint:test-api"
     overrides = {"concurrency": {"pools": {"default_limit": 1, "granularity": "op"}}}
@@ -55,9 +62,21 @@ def test_two_runs_in_one_pool_take_turns_at_the_infer_step(tmp_path: Path) -> No
                    for day in DAYS]
         for w in workers:
             w.start()
-        for w in workers:
-            w.join(timeout=240)
+        try:
+            # One run's infer step holds the pool's slot (held at the model's gate) until the other run's infer
+            # step has reported that it is blocked on the pool: the runs overlap whatever the machine's speed.
+            deadline = time.monotonic() + 240
+            while not _blocked_runs(instance, "endpoint:test-api"):
+                assert time.monotonic() < deadline, "no run waited for the endpoint pool's slot"
+                assert all(w.is_alive() for w in workers), [w.exitcode for w in workers]
+                assert model_trace(log)[0] < 2, "both runs loaded the model in their infer steps at once"
+                time.sleep(0.5)
+        finally:
+            gate.touch()
+            for w in workers:
+                w.join(timeout=240)
         assert [w.exitcode for w in workers] == [0, 0]
+        assert len(_blocked_runs(instance, "endpoint:test-api")) == 1
     spans = sorted(tuple(map(float, line.split()[1:])) for line in log.read_text().splitlines()
                    if line.startswith("span "))
     assert len(spans) == 2

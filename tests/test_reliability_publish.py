@@ -44,17 +44,21 @@ def _home(tmp_path: Path, name: str) -> Path:
     return home
 
 
-def _materialize(tmp_path: Path, spec: dict, store: str, home: Path, **env: str) -> subprocess.Popen:
+def _materialize(tmp_path: Path, spec: dict, store: str, home: Path, log: Path | None = None,
+                 **env: str) -> subprocess.Popen:
+    """`dagster asset materialize` of partition a; output piped, or written to `log` (to watch it while it runs)."""
     pipelines = tmp_path / f"pipelines-{home.name}"
     pipelines.mkdir(exist_ok=True)
     (pipelines / "lengths.yaml").write_text(yaml.safe_dump(spec))
     full_env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines),
                 "BATCH_STORAGE_ROOT": store, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.Popen(
-        [DAGSTER, "asset", "materialize", "-m", "batch_assets.definitions", "--select", "group:lengths",
-         "--partition", "a"],
-        cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    command = [DAGSTER, "asset", "materialize", "-m", "batch_assets.definitions", "--select", "group:lengths",
+               "--partition", "a"]
+    if log is None:
+        return subprocess.Popen(command, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, cwd=tmp_path, env=full_env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _rows(n: int) -> list[dict[str, str]]:
@@ -64,16 +68,27 @@ def _rows(n: int) -> list[dict[str, str]]:
 def test_two_concurrent_runs_of_one_partition_commit_one_result(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_jsonl(data / "a.jsonl", _rows(40))
-    spec = _spec(str(data), seconds=0.3)
+    spec = _spec(str(data), seconds=0.05)
 
     assert run_pipeline(parse_spec(spec), tmp_path / "ref", ["a"]).success  # what one run alone publishes
 
     store = tmp_path / "shared"  # two deployments (separate Dagster instances) sharing one storage root
-    runs = [_materialize(tmp_path, spec, str(store), _home(tmp_path, f"home-{i}")) for i in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in runs]
-    for p, log in zip(runs, logs):
-        assert p.returncode == 0, log[-3000:]
-    assert any("another run holds" in log for log in logs), "the runs were meant to overlap and take turns"
+    # Run A enters its infer stage and is held there (the model's gate); only then does run B start, and the
+    # gate opens once B has said it waits for A's lock: the overlap is certain, whatever the machine's load.
+    gate, logs = tmp_path / "gate", [tmp_path / "run-a.log", tmp_path / "run-b.log"]
+    gated = {**spec, "model": {**spec["model"], "config": {
+        **spec["model"]["config"], "init_kwargs": {"seconds": 0.05, "gate": str(gate)}}}}
+    first = _materialize(tmp_path, gated, str(store), _home(tmp_path, "home-0"), log=logs[0])
+    _wait_for_file(Path(f"{gate}.entered"), first, logs[0])
+    second = _materialize(tmp_path, gated, str(store), _home(tmp_path, "home-1"), log=logs[1])
+    deadline = time.monotonic() + 240
+    while "another run holds" not in logs[1].read_text():
+        assert second.poll() is None and time.monotonic() < deadline, \
+            "run B did not wait for run A's lock:\n" + logs[1].read_text()[-3000:]
+        time.sleep(0.2)
+    gate.touch()
+    for run, log in zip((first, second), logs):
+        assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
 
     expected = pq.read_table(tmp_path / "ref" / "lengths" / "output" / "a.parquet")
     published = pq.read_table(store / "lengths" / "output" / "a.parquet")
@@ -82,6 +97,14 @@ def test_two_concurrent_runs_of_one_partition_commit_one_result(tmp_path: Path) 
     leftovers = [p.name for p in store.rglob("*") if p.is_file() and (".tmp-" in p.name or p.suffix == ".lock")]
     assert leftovers == []
     assert not (store / "lengths" / "_staging" / "inferred" / "a").exists()
+
+
+def _wait_for_file(path: Path, run: subprocess.Popen, log: Path, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert run.poll() is None and time.monotonic() < deadline, f"{path.name} never appeared:\n" + \
+            log.read_text()[-3000:]
+        time.sleep(0.2)
 
 
 def _start_moto(port: int) -> subprocess.Popen:

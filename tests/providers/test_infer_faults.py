@@ -126,7 +126,8 @@ def test_too_many_row_errors_fail_the_blocking_check_and_block_publish(tmp_path:
 
 
 def test_the_request_window_spans_chunk_boundaries(tmp_path: Path) -> None:
-    with FaultProxy(lambda key, n: Echo(delay_s=0.03 + (zlib.crc32(key.encode()) % 5) / 100)) as proxy:
+    # answers of 0.2-0.6 s: long enough that the window fills and chunks overlap on a loaded machine too
+    with FaultProxy(lambda key, n: Echo(delay_s=0.2 + (zlib.crc32(key.encode()) % 5) / 10)) as proxy:
         spec, texts = _spec(tmp_path, proxy, rows=40, max_concurrency=6)
         assert run_pipeline(spec, tmp_path / "store", ["a"]).success
     chunk_of = {t: i // 4 for i, t in enumerate(texts)}
