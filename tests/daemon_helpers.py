@@ -152,8 +152,8 @@ def write_day(data_dir: Path, day: str, rows: int = 3, poison: bool = False) -> 
 
 class SlowModel(CountingModel):
     """Records when each batch starts and ends ('span <start> <end>'), taking `seconds` per batch. With `gate`, a
-    batch first touches `<gate>.entered`, then waits until the file `gate` exists: a test holds a run inside its
-    infer step for as long as it needs to see what another run does meanwhile."""
+    batch first touches `<gate>.entered.<pid>`, then waits until the file `gate` exists: a test holds a run inside
+    its infer step for as long as it needs to see what another run does meanwhile."""
 
     def __init__(self, log: str, seconds: float = 1.0, gate: str | None = None):
         super().__init__(log)
@@ -164,7 +164,7 @@ class SlowModel(CountingModel):
 
         start = time.time()
         if self.gate:
-            Path(f"{self.gate}.entered").touch()
+            Path(f"{self.gate}.entered.{os.getpid()}").touch()
             while not Path(self.gate).exists():
                 if time.time() - start > 300:
                     raise TimeoutError(f"gate {self.gate} never opened")
