@@ -385,9 +385,9 @@ def _clip(text: str | None, limit: int = 120) -> str:
 
 def _unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
     """What to do about answers that do not parse, by the likely cause."""
-    if "cut off" in failure or "max_new_tokens" in failure:
-        return "raise task.params.max_new_tokens: the answers stop before the output is complete"
     hints = []
+    if "cut off" in failure or "max_new_tokens" in failure:
+        hints.append("raise task.params.max_new_tokens: the answers stop before the output is complete")
     if spec.model.provider == "openai":
         hints.append("the endpoint did not enforce the output format: check model.config constraint_backend "
                      "(response_format for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode "

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import make_spec, read_output, run_pipeline, write_csv
+from tests.providers.conftest import llama_server  # noqa: F401  (session fixture, started only when used)
 from tests.providers.fault_proxy import FaultProxy, Reply
 
 pytestmark = pytest.mark.slow
@@ -142,3 +143,49 @@ def test_requests_metadata_counts_what_the_endpoint_saw_not_response_cache_hits(
     assert len(proxy.attempts) == 6  # the endpoint saw each row once
     assert (infer_md(first)["requests"].value, infer_md(first)["cache_hits"].value) == (6, 0)
     assert (infer_md(second)["requests"].value, infer_md(second)["cache_hits"].value) == (0, 6)
+
+
+def test_a_pipeline_accepting_every_row_failing_is_not_stopped_early(tmp_path: Path) -> None:
+    with FaultProxy(plain_word_for(set())) as proxy:
+        spec = _spec(tmp_path, proxy, rows=12, max_error_fraction=1.0)
+        result = run_pipeline(spec, tmp_path / "store", ["day1"])
+
+    assert result.success and len(proxy.attempts) == 12
+    out = read_output(spec, tmp_path / "store", "day1").to_pylist()
+    assert len(out) == 12 and all("unparseable answer" in r["error"] for r in out)
+
+
+def test_real_llama_server_ignoring_the_constraint_is_stopped_and_enforcing_it_passes(tmp_path: Path, request) -> None:
+    """SmolLM2 on llama.cpp's real server. With `constraint_backend: vllm` the constraint travels in a field
+    llama.cpp ignores, so the model answers prose: the step stops after 5 requests and says how to send the format
+    llama.cpp enforces. With that fix (`response_format` + `json_object_schema`) the same rows all parse."""
+    from tests.providers.fault_proxy import Forward
+
+    server = request.getfixturevalue("llama_server")
+    write_csv(tmp_path / "data" / "day1.csv", ["ticket_id", "company"],
+              [[f"T{i}", name] for i, name in enumerate(["Acme Software", "Mercy Hospital", "Baker LLP", "Shop Mart",
+                                                          "Steel Works", "First Bank", "Oak Realty", "Nova Tech"])])
+
+    def spec_with(**config):
+        model = {**TICKETS["model"], "config": {**TICKETS["model"]["config"], "model": "smollm2",
+                                                "max_concurrency": 1, **config}}
+        return make_spec(TICKETS, tmp_path / "data", model=model,
+                         prepare={"template": "What industry is {company} in? Answer with one word."},
+                         task={**TICKETS["task"], "params": {"max_new_tokens": 48}},
+                         runtime={"max_error_fraction": 0.25})  # a 135M model: an answer may still run long
+
+    with FaultProxy(lambda key, n: Forward(), upstream=server.root) as proxy:
+        ignored = spec_with(base_url=proxy.url, constraint_backend="vllm")
+        result = run_pipeline(ignored, tmp_path / "store", ["day1"], raise_on_error=False)
+        assert not result.success
+        assert len(proxy.attempts) == 5  # of 8 rows
+        message = step_failure(result)
+        assert "the first 5 answers" in message and "is not valid JSON" in message and "row 'T0'" in message
+        assert "json_object_schema" in message
+
+        enforced = spec_with(base_url=proxy.url, json_schema_mode="json_object_schema")
+        result = run_pipeline(enforced, tmp_path / "store2", ["day1"])
+        assert len(proxy.attempts) == 5 + 8  # the probe's answers parsed: every row sent, once
+    assert result.success
+    out = read_output(enforced, tmp_path / "store2", "day1").to_pylist()
+    assert len(out) == 8 and sum(r["error"] is None and r["parsed"]["industry"] is not None for r in out) >= 6
