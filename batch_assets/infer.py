@@ -325,7 +325,8 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
     count = 0
     failed = True
     structured = spec.task.structured if spec.task.kind == "generate" else None
-    probe = structured.stop_after_unparseable if structured is not None else 0
+    # with max_error_fraction 1 every row may fail: the user accepts it, so nothing stops early
+    probe = structured.stop_after_unparseable if structured is not None and spec.runtime.max_error_fraction < 1 else 0
     try:
         for index, batch in enumerate(chunks):
             count = index + 1

@@ -76,7 +76,8 @@ class StructuredOutput(BaseModel):
         ge=0,
         description="When the first this many answers of a partition all fail to parse in the same way (an "
         "endpoint that ignores the constraint, a prompt the model misreads), the step stops before sending the "
-        "rest of the partition, showing their raw answers. 0: never stop early.",
+        "rest of the partition, showing their raw answers. 0: never stop early (nor does a pipeline whose "
+        "runtime.max_error_fraction is 1, which accepts every row failing).",
     )
 
     @model_validator(mode="after")
