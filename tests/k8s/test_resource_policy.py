@@ -160,3 +160,65 @@ def test_gpu_steps_default_to_the_deployments_gpu_node_pool(tmp_path: Path, monk
     monkeypatch.setenv("BATCH_GPU_TOLERATIONS", '{"key": "x"}')
     with pytest.raises(ValueError, match="BATCH_GPU_TOLERATIONS must be a JSON list"):
         with_gpu_node_pool(resources_for_keys(spec, ["a"]))
+
+
+def test_gpu_steps_get_gpu_defaults_not_nothing(tmp_path: Path) -> None:
+    """A `runtime.gpus: 1` step that names no memory gets the documented GPU default, so nothing else (the code
+    server's sizing, a namespace default) decides how much host memory vLLM has while loading weights."""
+    from batch_assets.resource_policy import with_gpu_defaults
+
+    one = with_gpu_defaults(resources_for_keys(policy_spec(tmp_path, gpus=1), ["a"]))
+    assert (one.gpus, one.cpu, one.memory) == (1, "4", "16Gi")
+    two = with_gpu_defaults(resources_for_keys(policy_spec(tmp_path, gpus=2, resources={
+        "default": {"memory": "40Gi"}}), ["a"]))
+    assert (two.cpu, two.memory) == ("8", "40Gi")  # what the policy names wins
+    cpu = with_gpu_defaults(resources_for_keys(policy_spec(tmp_path), ["a"]))
+    assert (cpu.cpu, cpu.memory) == (None, None)  # a CPU step is left as the policy says
+
+
+def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Path) -> None:
+    import json
+
+    from batch_assets.errors import PipelineError
+    from batch_assets.resource_policy import check_gpu_strategy
+
+    # a one-GPU provider on two GPUs: allowed, with a warning that one sits idle (the run log shows it)
+    local = policy_spec(tmp_path, gpus=2)
+    (warning,) = check_gpu_strategy(local, resources_for_keys(local, ["a"]))
+    assert "'sentence_transformers' provider runs its model on one GPU: 1 would sit idle" in warning
+    # replicas inside one pod: no provider runs them, refused before a pod is asked for
+    replicas = policy_spec(tmp_path, resources={"default": {"gpus": 2, "gpu_strategy": "replicas"}})
+    with pytest.raises(PipelineError, match="gpu_strategy 'replicas'.*What to do: for data parallelism"):
+        check_gpu_strategy(replicas, resources_for_keys(replicas, ["a"]))
+    # vLLM tensor parallelism over a local model whose 14 attention heads 4 GPUs cannot split
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_attention_heads": 14}))
+    vllm = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": str(model)}},
+                     runtime={"resources": {"default": {"gpus": 4}, "partitions": {"b": {"gpus": 2}}}})
+    with pytest.raises(PipelineError, match="14 attention heads, which 4 GPUs cannot split evenly"):
+        check_gpu_strategy(vllm, resources_for_keys(vllm, ["a"]))
+    assert check_gpu_strategy(vllm, resources_for_keys(vllm, ["b"])) == []  # 2 divides 14
+    hub = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "org/model"}},
+                    runtime={"gpus": 4})
+    assert check_gpu_strategy(hub, resources_for_keys(hub, ["a"])) == []  # a hub id cannot be read offline
+
+
+def test_a_failed_step_pod_says_why_it_ended() -> None:
+    """The step failure of a failed Job names OOMKilled or a disruption (kubernetes client objects, as the
+    executor reads them from the API)."""
+    from kubernetes.client import (
+        V1ContainerState, V1ContainerStateTerminated, V1ContainerStatus, V1Pod, V1PodCondition, V1PodStatus)
+
+    from batch_assets.k8s_executor import _pod_end
+
+    def pod(conditions=(), terminated=None) -> V1Pod:
+        state = V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=137, reason=terminated))
+        return V1Pod(status=V1PodStatus(phase="Failed", conditions=list(conditions), container_statuses=[
+            V1ContainerStatus(name="dagster", image="i", image_id="", ready=False, restart_count=0, state=state)]))
+
+    assert "OOMKilled" in _pod_end(pod(terminated="OOMKilled")) and "raise `memory`" in _pod_end(
+        pod(terminated="OOMKilled"))
+    disrupted = _pod_end(pod([V1PodCondition(type="DisruptionTarget", status="True", reason="PreemptionByScheduler")]))
+    assert "disrupted (PreemptionByScheduler" in disrupted and "resumes from its committed chunks" in disrupted
+    assert _pod_end(pod(terminated="Error")) == ""
