@@ -300,7 +300,7 @@ class KubernetesJobsStub:
 
     # -- the scheduler and the kubelet -------------------------------------------------------------------------
     def _bound(self, node: Node) -> list[RecordedJob]:
-        return [j for j in self.jobs if j.node == node.name and j.phase in ("Pending", "Running")]
+        return [j for j in self.jobs if j.node == node.name and not j.deleted and j.phase in ("Pending", "Running")]
 
     def _place(self, job: RecordedJob) -> tuple[Node | None, str]:
         """A node for the pod, or None and kube-scheduler's message (each node's first failing filter)."""

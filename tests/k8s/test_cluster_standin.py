@@ -150,3 +150,19 @@ def test_an_evicted_pod_fails_its_job_with_a_disruption_condition(tmp_path: Path
         assert batch.read_namespaced_job_status("spot", NS).status.failed == 1
     finally:
         stub.stop()
+
+
+def test_a_deleted_pod_gives_its_node_room_back(tmp_path: Path) -> None:
+    """A pod deleted while it could not start (a missing Secret) no longer holds the node's GPU."""
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path, nodes=[Node("gpu-1", gpus=1)]).start()
+    try:
+        batch, core = _client(stub)
+        gpu = {"limits": {"nvidia.com/gpu": "1"}}
+        missing = {"envFrom": [{"secretRef": {"name": "nobody-made-it"}}]}
+        batch.create_namespaced_job(NS, _job("stuck", "pass", gpu, container=missing))
+        batch.create_namespaced_job(NS, _job("next", "pass", gpu))
+        assert _pod(core, "next").status.phase == "Pending"  # the stuck pod holds the only GPU
+        batch.delete_namespaced_job("stuck", NS)
+        _wait("next to run once the stuck pod is gone", lambda: _pod(core, "next").spec.node_name == "gpu-1")
+    finally:
+        stub.stop()
