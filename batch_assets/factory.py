@@ -10,8 +10,6 @@ step retry policy, and a `code_version` per stage derived from the spec sections
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -24,6 +22,8 @@ from batch_assets.cache import CachedProvider, ResponseCache, cached
 from batch_assets.checks import blocking_check_results, blocking_check_specs
 from batch_assets.errors import PipelineError
 from batch_assets.infer import InferStats, run_infer
+from batch_assets import lineage
+from batch_assets.lineage import stage_code_version
 from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
 from batch_assets.pools import infer_pool
@@ -63,30 +63,6 @@ def build_model_resource(spec: PipelineSpec) -> dg.ConfigurableResource:
     return provider_class(spec.model.provider)(**resource_config(spec.model.config))
 
 
-# What each stage's output depends on in the spec (upstream changes reach it through Dagster's staleness).
-# Knobs that change how fast, not what (batch_rows, chunk_rows, retries, schedules), are left out.
-STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "raw": ("source", "partitioning"),
-    "prepared": ("prepare",),
-    "inferred": ("task", "model"),
-    "output": ("sink",),
-}
-SPEED_ONLY_FIELDS = {"source": {"batch_rows"}}
-
-
-def stage_code_version(spec: PipelineSpec, stage: str) -> str:
-    """A digest of the spec sections a stage's output depends on: edit the prompt, model or params and that stage
-    (and, through Dagster's staleness, everything downstream) shows as stale in the UI. {env: NAME} secrets enter
-    by name only, never by value."""
-    dumped = spec.model_dump(mode="json")
-    sections = {
-        name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())}
-        for name in STAGE_SECTIONS[stage]
-    }
-    digest = hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-    return f"{stage}-{digest[:12]}"
-
-
 def step_retry_policy(spec: PipelineSpec) -> dg.RetryPolicy | None:
     """Retries with backoff for transient failures; `run_partitions` turns bad input into a non-retryable Failure."""
     r = spec.retries
@@ -124,11 +100,13 @@ def run_partitions(
     """
     reports: list[PartitionReport] = []
     keys = context.partition_keys
-    root = getattr(context.resources, STORAGE_KEY).resolved_root()
+    storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+    root = storage.resolved_root()
+    stage = stage or context.asset_key.path[-1]
     for key in keys:
         try:
-            with partition_lock(root, spec.name, stage or context.asset_key.path[-1], key, on_wait=context.log.info):
-                report = stage_fn(key)
+            with partition_lock(root, spec.name, stage, key, on_wait=context.log.info):
+                report = _skip_or_run(context, spec, storage, stage, key, stage_fn)
         except PipelineError as exc:
             _record_finished(context, reports, failed_key=key)
             located = exc.located(pipeline=spec.name, partition=key)
@@ -149,6 +127,39 @@ def run_partitions(
         # every partition its own metadata, also in a single-run backfill: per-partition views and plots
         context.add_asset_metadata(partition_metadata(report), partition_key=key)
     return reports
+
+
+def _force_rerun(context: dg.AssetExecutionContext) -> bool:
+    return context.run.tags.get(lineage.RERUN_TAG) == lineage.FORCE
+
+
+def _skipped_report(spec: PipelineSpec, stage: str, key: str, record: dict[str, Any]) -> PartitionReport:
+    note = (f"skipped: this partition was already made by {lineage.describe(record)} from the same source files "
+            f"and spec; nothing was {'inferred' if stage == 'inferred' else 'redone'} (tag the run "
+            f"{lineage.RERUN_TAG}={lineage.FORCE} to redo it)")
+    extra = {**record.get("extra", {}), "skipped": note, "made_by_run": str(record.get("run_id", ""))}
+    for work in ("tokens_in", "tokens_out", "requests", "cost_usd", "cache_hits", "cache_misses"):
+        if work in extra:  # nothing was sent this time: the original run's counts stay on its own event
+            extra[work] = 0.0 if work == "cost_usd" else 0
+    rows = int(record.get("rows", 0))
+    return PartitionReport(key, rows, rows, 0.0, str(record["path"]), extra)
+
+
+def _skip_or_run(context: dg.AssetExecutionContext, spec: PipelineSpec, storage: ArrowStorage, stage: str,
+                 key: str, stage_fn: Callable[[str], PartitionReport]) -> PartitionReport:
+    """The stage for one partition, unless the partition was already made from the same inputs (lineage.py):
+    then a report of what is there, and no work. Called under the partition's lock."""
+    inputs = lineage.inputs_for(spec, storage, stage, key, stage_code_version(spec, stage))
+    record = None if _force_rerun(context) else lineage.matching(storage, spec.name, stage, key, inputs)
+    if record is not None:
+        context.log.info(f"{spec.name}/{stage} [{key}]: already made by {lineage.describe(record)} from the same "
+                         f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes it)")
+        return _skipped_report(spec, stage, key, record)
+    lineage.forget(storage, spec.name, stage, key)
+    report = stage_fn(key)
+    lineage.write_record(storage, spec.name, stage, key,
+                         lineage.new_record(inputs, context.run_id, report.path, report.rows_out, report.extra))
+    return report
 
 
 def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionReport], failed_key: str) -> None:
@@ -230,13 +241,27 @@ def run_partitions_together(
     """Like `run_partitions` (each partition under its lock; bad input fails without retries), for a stage that
     handles every partition of the run in one pass: all or none of them are committed."""
     keys = context.partition_keys
-    root = getattr(context.resources, STORAGE_KEY).resolved_root()
+    storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+    root, stage = storage.resolved_root(), context.asset_key.path[-1]
     try:
         with ExitStack() as locks:
             for key in keys:
-                locks.enter_context(partition_lock(root, spec.name, context.asset_key.path[-1], key,
-                                                   on_wait=context.log.info))
-            reports = stage_fn(keys)
+                locks.enter_context(partition_lock(root, spec.name, stage, key, on_wait=context.log.info))
+            # one source version for all: the stage reads the same files for every partition of the run
+            inputs = lineage.inputs_for(spec, storage, stage, keys[0], stage_code_version(spec, stage))
+            records = {} if _force_rerun(context) else {
+                k: lineage.matching(storage, spec.name, stage, k, inputs) for k in keys}
+            if records and all(records.values()):
+                context.log.info(f"{spec.name}/{stage}: all {len(keys)} partitions already made from the same "
+                                 f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes them)")
+                reports = [_skipped_report(spec, stage, k, records[k]) for k in keys]
+            else:
+                for key in keys:
+                    lineage.forget(storage, spec.name, stage, key)
+                reports = stage_fn(keys)
+                for report in reports:
+                    lineage.write_record(storage, spec.name, stage, report.key, lineage.new_record(
+                        inputs, context.run_id, report.path, report.rows_out, report.extra))
     except PipelineError as exc:
         located = exc.located(pipeline=spec.name)
         if exc.retryable:
@@ -392,6 +417,10 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         reports = run_partitions(context, spec, one)
         # Error samples are per partition (in each partition's metadata, added by `one`): run-level metadata is
         # merged into every partition's event, so a run-wide list here would show one day's rows on every day.
+        if spec.evaluation is not None:  # partitions skipped as already made are scored from their file
+            for report in reports:
+                if report.key not in confusions:
+                    confusions[report.key] = evaluation.evaluate_file(spec, report.path)
         metadata = run_totals(reports)
         checks = [dg.AssetCheckResult(
             check_name="no_row_errors",

@@ -1,7 +1,8 @@
 """Schedules: a daily pipeline's nightly tick materializes the newest complete day.
 
 A day is complete once its window has ended in the partitioning timezone (DailyPartitionsDefinition's last key at
-the tick's scheduled time). Each day is launched once: a later tick for the same day (an hourly cron that waits for
+the tick's scheduled time). A day that another launch path is making (a sensor's run, a backfill) or has already
+published from the same source and spec (batch_assets/lineage.py) is not launched. Each day is launched once: a later tick for the same day (an hourly cron that waits for
 a late file, a daemon catching up) finds the scheduled run and skips, whatever became of it; a failed day is
 retried by run retries (dagster.yaml) or re-executed by hand. Older missing days are a backfill's job
 (docs/launch-paths.md), not the schedule's: a schedule that silently backfilled would hide the gap.
@@ -14,11 +15,14 @@ from zoneinfo import ZoneInfo
 
 import dagster as dg
 
+from batch_assets import lineage
+from batch_assets.factory import STORAGE_KEY
 from batch_assets.partitions import partitions_def_for
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import filesystem_for
 
 LAUNCHED_BY_TAG = "batch/launched_by"
+
 
 
 def schedule_name(spec: PipelineSpec) -> str:
@@ -54,6 +58,7 @@ def build_schedule(spec: PipelineSpec, job_name: str) -> dg.ScheduleDefinition |
         cron_schedule=cfg.cron,
         execution_timezone=timezone,
         job_name=job_name,
+        required_resource_keys={STORAGE_KEY},
         default_status=dg.DefaultScheduleStatus.RUNNING if cfg.running else dg.DefaultScheduleStatus.STOPPED,
         description=f"Materializes the newest complete day of {spec.name} ({cfg.cron}, {timezone}).",
     )
@@ -69,6 +74,13 @@ def build_schedule(spec: PipelineSpec, job_name: str) -> dg.ScheduleDefinition |
         missing = _missing_source(spec, day)
         if missing:
             return dg.SkipReason(f"day {day} is complete but its source file {missing} has not landed yet")
+        busy = lineage.runs_in_flight(context.instance, spec, job_name).get(day)
+        if busy is not None:  # a sensor, a backfill or a user is making this day now
+            return dg.SkipReason(f"day {day} is being made by {lineage.launched_by(busy)}; not launched twice")
+        record = lineage.published(spec, getattr(context.resources, STORAGE_KEY), day)
+        if record is not None:
+            return dg.SkipReason(f"day {day} is already published from the same source and spec (made by "
+                                 f"{lineage.describe(record)}); nothing to do")
         return dg.RunRequest(run_key=day, partition_key=day, tags={LAUNCHED_BY_TAG: "schedule"})
 
     return _newest_day

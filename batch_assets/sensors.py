@@ -28,16 +28,18 @@ import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import dagster as dg
 
+from batch_assets import lineage
+from batch_assets.factory import STORAGE_KEY
+from batch_assets.lineage import file_modified, file_version
 from batch_assets.partitions import partitions_def_for
 from batch_assets.sample_data import ensure_sample
 from batch_assets.schedules import LAUNCHED_BY_TAG
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
-from batch_assets.storage import filesystem_for
+from batch_assets.storage import ArrowStorage, filesystem_for
 
 SOURCE_FILE_TAG = "batch/source_file"
 CURSOR_PREFIX = "z1:"
@@ -70,20 +72,7 @@ def decode_cursor(cursor: str | None) -> dict[str, str]:
     return json.loads(zlib.decompress(base64.b64decode(cursor[len(CURSOR_PREFIX):])))
 
 
-def _modified(info: dict[str, Any]) -> float:
-    for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(name)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, (int, float)):
-            return float(value)
-    return 0.0
-
-
-def _version(info: dict[str, Any]) -> str:
-    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
-    basis = f"{etag}|{info.get('size')}" if etag else f"{_modified(info)!r}|{info.get('size')}"
-    return hashlib.blake2b(basis.encode("utf-8"), digest_size=8).hexdigest()
+_modified, _version = file_modified, file_version
 
 
 def _key_pattern(path: str) -> re.Pattern[str]:
@@ -135,9 +124,11 @@ def ready_files(spec: PipelineSpec, files: Iterable[SourceFile], now: float) -> 
     return ready
 
 
-def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationContext,
+             storage: ArrowStorage | None = None) -> dg.SensorResult | dg.SkipReason:
     cfg = spec.sensor
     assert cfg is not None
+    storage = storage or ArrowStorage()
     pdef = partitions_def_for(spec)
     made = ensure_sample(spec)  # sample pipelines: the demo's files appear on the first tick of a fresh clone
     if made:
@@ -156,12 +147,16 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
         return dg.SkipReason(f"{waiting} runs of {job_name} are waiting (max_queued_runs {cfg.max_queued_runs}); "
                              f"{len(ready)} ready file(s) wait for a later tick")
 
+    busy = lineage.runs_in_flight(context.instance, spec, job_name)
     by_key: dict[str, list[SourceFile]] = {}
+    waiting_on: dict[str, Any] = {}
     for f in ready:  # oldest first, so a flood is worked through in arrival order
-        if f.key in by_key or len(by_key) < budget:
+        if f.key in busy:  # another launch path is making it: look again once that run is done
+            waiting_on[f.key] = busy[f.key]
+        elif f.key in by_key or len(by_key) < budget:
             by_key.setdefault(f.key, []).append(f)
     dynamic = isinstance(pdef, dg.DynamicPartitionsDefinition)
-    requests, new_keys, rejected = [], [], []
+    requests, new_keys, rejected, adopted = [], [], [], {}
     for key, key_files in by_key.items():
         for f in key_files:
             seen[f.url] = f.version
@@ -171,6 +166,11 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
             if not known:  # e.g. a file named for a day outside the daily partitions
                 rejected.append(key)
                 continue
+        record = lineage.published(spec, storage, key)
+        if record is not None:  # already published from this very file version (a backfill, a schedule, the UI)
+            adopted[key] = record
+            new_keys.append(key)
+            continue
         digest = hashlib.blake2b("|".join(f.version for f in key_files).encode(), digest_size=6).hexdigest()
         requests.append(dg.RunRequest(
             run_key=f"{key}@{digest}",
@@ -178,6 +178,13 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
             tags={LAUNCHED_BY_TAG: "sensor", SOURCE_FILE_TAG: key_files[-1].url[-200:]},
         ))
         new_keys.append(key)
+    if adopted:
+        context.log.info(f"Adopted {len(adopted)} partition(s) whose published output already matches the file "
+                         f"(no run): " + ", ".join(f"{k} (made by {lineage.describe(r)})" for k, r in
+                                                    list(adopted.items())[:5]))
+    if waiting_on:
+        context.log.info("Not requested, another run is making them (looked at again next tick): " + ", ".join(
+            f"{k}: {lineage.launched_by(r)}" for k, r in list(waiting_on.items())[:5]))
     if rejected:
         context.log.warning(f"{len(rejected)} file(s) match no partition of {spec.name} and are skipped: "
                             f"{', '.join(rejected[:5])}")
@@ -191,7 +198,34 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     left = len(ready) - sum(len(v) for v in by_key.values())
     if left:
         context.log.info(f"Throttled: {len(requests)} run(s) requested, {left} ready file(s) wait for later ticks")
-    return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=add, cursor=encode_cursor(seen))
+    events = adoption_events(spec, storage, context.instance, adopted)
+    if not requests and not add and not events and not rejected:
+        # nothing to launch: still save the cursor (files adopted or waiting), with the reason as the tick's
+        reason = (f"{len(adopted)} file(s) already published from the same version (adopted, no run)" if adopted
+                  else f"{len(waiting_on)} file(s) are being processed by other runs")
+        return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=encode_cursor(seen))
+    return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=add, asset_events=events,
+                           cursor=encode_cursor(seen))
+
+
+def adoption_events(spec: PipelineSpec, storage: ArrowStorage, instance: dg.DagsterInstance,
+                    adopted: dict[str, dict[str, Any]]) -> list[dg.AssetMaterialization]:
+    """Materializations for adopted partitions the instance has never seen materialized (outputs made under
+    another instance, or before the pipeline had a sensor), so the UI shows them as done, made by whom."""
+    events = []
+    for stage in lineage.STAGES:
+        asset_key = dg.AssetKey([spec.name, stage])
+        missing = [k for k in adopted if k not in instance.get_materialized_partitions(asset_key)]
+        for key in missing:
+            record = lineage.read_record(storage, spec.name, stage, key) or adopted[key]
+            events.append(dg.AssetMaterialization(
+                asset_key=asset_key, partition=key,
+                description=f"Adopted by the sensor: made by {lineage.describe(record)} from the same source "
+                            "file version and spec; not run again.",
+                metadata={"adopted": True, "made_by_run": str(record.get("run_id", "")),
+                          "path": dg.MetadataValue.path(str(record.get("path", ""))),
+                          "dagster/row_count": int(record.get("rows", 0))}))
+    return events
 
 
 def build_sensor(spec: PipelineSpec, job_name: str) -> dg.SensorDefinition | None:
@@ -203,11 +237,12 @@ def build_sensor(spec: PipelineSpec, job_name: str) -> dg.SensorDefinition | Non
         name=sensor_name(spec),
         job_name=job_name,
         minimum_interval_seconds=cfg.interval_seconds,
+        required_resource_keys={STORAGE_KEY},
         default_status=dg.DefaultSensorStatus.RUNNING if cfg.running else dg.DefaultSensorStatus.STOPPED,
         description=f"One run per new or rewritten file under {spec.source.path} (ready: {cfg.ready}; at most "
         f"{cfg.max_runs_per_tick} per tick).",
     )
     def _new_files(context: dg.SensorEvaluationContext):
-        return evaluate(spec, job_name, context)
+        return evaluate(spec, job_name, context, getattr(context.resources, STORAGE_KEY))
 
     return _new_files

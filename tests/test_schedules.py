@@ -10,11 +10,20 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import build_definitions
+from batch_assets.factory import STORAGE_KEY
 from batch_assets.schedules import schedule_name
 from batch_assets.spec import load_spec, parse_spec
+from batch_assets.storage import ArrowStorage
 from tests.daemon_helpers import daemon_workspace, daily_spec, write_code_location, write_day
 
 UTC = dt.timezone.utc
+
+
+def _storage(root: Path | None = None) -> dict:
+    """The storage resource the schedule reads lineage records from (the daemon hands it the code location's)."""
+    import tempfile
+
+    return {STORAGE_KEY: ArrowStorage(root=str(root or tempfile.mkdtemp(prefix="schedule-store-")))}
 
 
 def _schedule(spec):
@@ -26,7 +35,8 @@ def _schedule(spec):
 def _tick(spec, at: dt.datetime):
     with dg.instance_for_test() as instance:
         schedule, repo = _schedule(spec)
-        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=at, repository_def=repo)
+        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=at, repository_def=repo,
+                                            resources=_storage())
         return schedule.evaluate_tick(context)
 
 
@@ -73,7 +83,7 @@ def test_shipped_daily_pipeline_has_a_running_schedule_for_yesterday() -> None:
         schedule, repo = _schedule(spec)
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
         assert schedule.cron_schedule == "30 1 * * *"
-        context = dg.build_schedule_context(instance=instance, repository_def=repo,
+        context = dg.build_schedule_context(instance=instance, repository_def=repo, resources=_storage(),
                                             scheduled_execution_time=dt.datetime(2026, 11, 21, 1, 30, tzinfo=UTC))
         [request] = schedule.evaluate_tick(context).run_requests
     assert request.partition_key == "2026-11-20"  # a sample pipeline writes the day's file itself

@@ -13,8 +13,10 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import build_definitions
+from batch_assets.factory import STORAGE_KEY
 from batch_assets.sensors import decode_cursor, sensor_name
 from batch_assets.spec import parse_spec
+from batch_assets.storage import ArrowStorage
 from tests.daemon_helpers import daemon_workspace, write_code_location
 
 JOB = "inbox_job"
@@ -46,15 +48,20 @@ def drop(folder: Path, name: str, rows: int = 1, age_s: float = 60.0) -> Path:
 class Ticker:
     """Evaluates the sensor as the daemon would and applies its dynamic-partition requests to the instance."""
 
-    def __init__(self, instance: dg.DagsterInstance, spec: dict[str, Any]):
+    def __init__(self, instance: dg.DagsterInstance, spec: dict[str, Any], storage_root: str | None = None):
+        import tempfile
+
         self.instance, self.cursor = instance, None
+        # the storage the sensor reads lineage records from (the daemon hands it the code location's resource)
+        self.storage = ArrowStorage(root=storage_root or tempfile.mkdtemp(prefix="sensor-store-"))
         defs = build_definitions([parse_spec(spec)])
         self.sensor = defs.resolve_sensor_def(sensor_name(parse_spec(spec)))
         self.repo = defs.get_repository_def()
 
     def tick(self) -> Any:
         context = dg.build_sensor_context(instance=self.instance, instance_ref=self.instance.get_ref(),
-                                          cursor=self.cursor, repository_def=self.repo)
+                                          cursor=self.cursor, repository_def=self.repo,
+                                          resources={STORAGE_KEY: self.storage})
         result = self.sensor.evaluate_tick(context)
         for request in result.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -180,7 +187,11 @@ def test_the_sensor_daemon_keeps_its_cursor_across_a_restart(tmp_path: Path) -> 
         daemon_tick(instance, 40)  # a restarted daemon (new workspace), next interval
         assert len(instance.get_runs()) == 2
         drop(tmp_path / "in", "q2", rows=3, age_s=10)
-        daemon_tick(instance, 80)
+        daemon_tick(instance, 75)  # the first q2 run has not finished (the mocked launcher never runs it)
+        assert len(instance.get_runs()) == 2, "a partition whose run is in flight is not requested again"
+        for run in instance.get_runs():
+            instance.report_run_failed(run)  # the runs end (how does not matter here)
+        daemon_tick(instance, 110)
         assert sorted(r.tags["dagster/partition"] for r in instance.get_runs()) == ["q1", "q2", "q2"]
         assert sorted(instance.get_dynamic_partitions("inbox")) == ["q1", "q2"]
 
