@@ -26,7 +26,7 @@ from batch_assets import lineage
 from batch_assets.lineage import stage_code_version
 from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
-from batch_assets.pools import infer_pool
+from batch_assets.pools import infer_pool, record_infer_process, release_dead_slots
 from batch_assets.prepare import run_prepare
 from batch_assets.progress import PartitionProgress
 from batch_assets.report import PartitionReport, counter_delta, partition_metadata, preview_of, run_totals
@@ -160,6 +160,14 @@ def _skip_or_run(context: dg.AssetExecutionContext, spec: PipelineSpec, storage:
     lineage.write_record(storage, spec.name, stage, key,
                          lineage.new_record(inputs, context.run_id, report.path, report.rows_out, report.extra))
     return report
+
+
+def _free_dead_pool_slots(context: dg.AssetExecutionContext, spec: PipelineSpec) -> None:
+    """Before the infer step asks for its pool slot: free slots held by runs that are gone (a killed CLI run's
+    slot is never freed otherwise) and say who holds a slot this run will wait for (batch_assets/pools.py)."""
+    pool = infer_pool(spec)
+    if pool:
+        release_dead_slots(context.instance, pool, own_run_id=context.run_id, log=context.log)
 
 
 def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionReport], failed_key: str) -> None:
@@ -318,6 +326,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   {spec.source.format, "pyarrow"}, {STORAGE_KEY})
     def raw(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        _free_dead_pool_slots(context, spec)
         made = ensure_sample(spec, context.partition_keys)
         if made:
             context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
@@ -345,6 +354,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   {"python", "pyarrow"}, {STORAGE_KEY})
     def prepared(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        _free_dead_pool_slots(context, spec)
         model_input = {"generate": ["_prompt"], "embed": ["_text"], "classify": ["_text"]}.get(
             spec.task.kind, source_input_columns(spec))
 
@@ -373,6 +383,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        if infer_pool(spec):  # where the slot holder runs, so a later run can tell when it is gone
+            record_infer_process(context.instance, context.run_id)
         provider = getattr(context.resources, model_key)
         if spec.runtime.response_cache:
             provider = cached(provider, ResponseCache(storage.resolved_root()))

@@ -50,3 +50,129 @@ def infer_pool(spec: PipelineSpec) -> str | None:
     if spec.runtime.max_gpus() > 0:
         return GPU_POOL
     return None
+
+
+# --- slots held by runs that are gone -------------------------------------------------------------------------
+# A pool slot is a row in the instance's storage, claimed when the infer step starts and freed when it ends. A run
+# killed with SIGKILL (an OOM kill, a closed laptop) never frees it, and Dagster's run monitoring frees slots only
+# for runs the daemon launched and watches: a CLI run's slot would stay held for good, and every later run of the
+# pool would wait at "Step blocked by limit for pool ..." (logged at DEBUG). So the infer step records where it
+# runs (PROCESS_TAG: host, pid and the process's start time), and every run of a pooled pipeline, before its infer
+# step asks for the slot (at its read and prepare steps), frees the slots of holders that are gone: a run that has
+# finished, or a run on this host whose process no longer exists. Such a run is marked failed, with the reason.
+# A holder that is alive, or on another host, is named in a warning with the command that frees its slot.
+
+PROCESS_TAG = "batch/infer_process"
+FREE_COMMAND = "python -m batch_assets.pools free <run id>"
+
+
+def process_identity(pid: int | None = None) -> str:
+    """`<host>:<pid>:<start time>` of a process (the start time tells a reused pid from the original)."""
+    import os
+    import socket
+
+    import psutil
+
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def process_gone(identity: str) -> bool | None:
+    """True when the process named by `process_identity` no longer exists, None when it ran on another host."""
+    import socket
+
+    import psutil
+
+    host, _, rest = identity.partition(":")
+    if host != socket.gethostname():
+        return None
+    pid, _, started = rest.partition(":")
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" != started
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+
+
+def record_infer_process(instance, run_id: str) -> None:
+    instance.add_run_tags(run_id, {PROCESS_TAG: process_identity()})
+
+
+def free_run_slots(instance, run_id: str, reason: str) -> None:
+    """Free every slot the run holds and, if it still shows as running, mark it failed with the reason."""
+    run = instance.get_run_by_id(run_id)
+    if run is not None and not run.is_finished:
+        instance.report_run_failed(run, reason)
+    instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+
+
+def _holders(instance, pool: str, exclude: str | None = None) -> list[tuple[str, str]]:
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    return [(s.run_id, s.step_key) for s in info.claimed_slots if s.run_id != exclude]
+
+
+def release_dead_slots(instance, pool: str, own_run_id: str | None = None, log=None) -> list[str]:
+    """Free the pool's slots held by runs that are gone; warn about live holders (who, and how to free them).
+    Returns the run ids whose slots were freed."""
+    import logging
+
+    say = log or logging.getLogger(__name__)
+    freed: list[str] = []
+    live: list[str] = []
+    for run_id, step_key in _holders(instance, pool, exclude=own_run_id):
+        run = instance.get_run_by_id(run_id)
+        identity = run.tags.get(PROCESS_TAG, "") if run is not None else ""
+        if run is None or run.is_finished:
+            why = "its run has ended" if run is not None else "its run no longer exists"
+        elif identity and process_gone(identity):
+            why = f"its process ({identity.split(':')[1]} on {identity.split(':')[0]}) is gone"
+        else:
+            where = f"process {identity.split(':')[1]} on {identity.split(':')[0]}" if identity else "unknown process"
+            job = run.job_name if run is not None else "?"
+            live.append(f"run {run_id} ({job}, step {step_key}, {run.status.value.lower()}, {where})")
+            continue
+        free_run_slots(instance, run_id, f"Marked failed by batch_assets: it held a slot of pool {pool!r} but "
+                                         f"{why} (killed?). Its slot was freed so other runs can go on.")
+        say.warning(f"Freed the slot of pool {pool!r} held by run {run_id} ({step_key}): {why}; that run is "
+                    "marked failed. Rerun it: it resumes from its committed chunks.")
+        freed.append(run_id)
+    limit = instance.event_log_storage.get_concurrency_info(pool).slot_count
+    if live and len(live) >= max(limit, 1):
+        say.warning(f"Pool {pool!r} ({limit} slot(s)) is held by {'; '.join(live)}: this run's infer step will "
+                    f"wait until it finishes. If that run is gone (killed on another machine), free its slot with "
+                    f"`{FREE_COMMAND}` (or the UI: Deployment > Concurrency > {pool}); to let steps share the "
+                    f"endpoint, raise the pool: `dagster instance concurrency set '{pool}' 2`.")
+    return freed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m batch_assets.pools status [pool]` lists who holds each pool's slots; `free <run id>` frees the
+    slots of a run that is gone (marking it failed)."""
+    import argparse
+
+    import dagster as dg
+
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.pools", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="who holds the slots of each pool")
+    status.add_argument("pool", nargs="?")
+    free = sub.add_parser("free", help="free the slots of a run that is gone, and mark it failed")
+    free.add_argument("run_id")
+    args = parser.parse_args(argv)
+    with dg.DagsterInstance.get() as instance:
+        if args.command == "free":
+            free_run_slots(instance, args.run_id, "Marked failed and its pool slots freed by "
+                                                  "`python -m batch_assets.pools free`.")
+            print(f"Freed the pool slots of run {args.run_id}.")
+            return 0
+        pools = [args.pool] if args.pool else sorted(instance.event_log_storage.get_concurrency_keys())
+        for pool in pools:
+            info = instance.event_log_storage.get_concurrency_info(pool)
+            held = ", ".join(f"{s.run_id} ({s.step_key})" for s in info.claimed_slots) or "none"
+            print(f"{pool}: {info.slot_count} slot(s), held by: {held}; {info.pending_step_count} step(s) waiting")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -57,6 +57,20 @@ def project_copy(dest: Path) -> Path:
     return dest
 
 
+def test_dg_check_defs_fails_on_a_broken_spec(tmp_path: Path) -> None:
+    """A CI gate on `dg check defs` catches a broken pipeline: non-zero exit, the file and the fields named (the UI
+    still loads the healthy pipelines; tests/test_spec.py)."""
+    shutil.copyfile(ROOT / "batch_assets/pipelines/daily_review_sentiment.yaml", tmp_path / "good.yaml")
+    (tmp_path / "broken_one.yaml").write_text("name: broken_one\nsource: {format: csv}\n")
+    environment = {k: v for k, v in os.environ.items() if k != "DAGSTER_IS_DEFS_VALIDATION_CLI"}
+    proc = subprocess.run([DG, "check", "defs"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**environment, "BATCH_PIPELINES_DIR": str(tmp_path)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "All definitions loaded successfully" not in out
+    assert f"{tmp_path / 'broken_one.yaml'}" in out and "source.columns: Field required" in out
+
+
 def test_scaffolded_component_pipeline_materializes(tmp_path: Path) -> None:
     name = f"scaffolded_{uuid.uuid4().hex[:8]}"
     project = project_copy(tmp_path / "project")

@@ -43,8 +43,12 @@ COVERED: list[tuple[str, str]] = [
     # docs/launch-paths.md: every command of the page, read from it and run as written
     (r"dagster asset materialize -m batch_assets\.definitions --select 'group:daily_review_sentiment' "
      r"--partition(-range)? \S+", "tests/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
-    (r"dagster job backfill -m batch_assets\.definitions -j daily_review_sentiment_job (--from \S+ --to \S+|"
-     r"--partitions \S+) --noprompt", "tests/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
+    (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/python -m batch_assets\.launch backfill daily_review_sentiment "
+     r"--from \S+ --to \S+", "tests/test_daemon_launches.py::"
+     "test_documented_backfills_under_make_ui_follow_the_spec_policy_and_never_infer_twice"),
+    (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/dagster job backfill -w workspace\.yaml -j "
+     r"daily_review_sentiment_job --partitions \S+ --noprompt", "tests/test_daemon_launches.py::"
+     "test_documented_backfills_under_make_ui_follow_the_spec_policy_and_never_infer_twice"),
     (r"dagster instance concurrency (set 'endpoint:api\.openai\.com' 2|get --all)",
      "tests/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
     # docs/BENCHMARKS.md: `make bench` runs bench/run.py, which the smoke test runs at tiny sizes with the same knobs

@@ -82,3 +82,51 @@ def test_two_runs_in_one_pool_take_turns_at_the_infer_step(tmp_path: Path) -> No
                    if line.startswith("span "))
     assert len(spans) == 2
     assert spans[0][1] <= spans[1][0], f"infer steps of the two runs overlapped: {spans}"
+
+
+def test_slots_of_runs_that_are_gone_are_freed_and_a_live_holder_is_named(tmp_path: Path) -> None:
+    """Before an infer step asks for its slot: a slot held by a killed run (its process gone) or by a run that has
+    ended is freed and the killed run marked failed; a live holder is named, with how to free it."""
+    import logging
+    import subprocess
+
+    from dagster._core.test_utils import create_run_for_test
+
+    from batch_assets.pools import PROCESS_TAG, process_identity, release_dead_slots
+
+    pool = "endpoint:test-api"
+    doomed = subprocess.Popen(["sleep", "60"])
+    dead_identity = process_identity(doomed.pid)
+    doomed.kill()
+    doomed.wait()
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.levelname} {record.getMessage()}")
+
+    log = logging.getLogger("pool-test")
+    log.addHandler(Collect())
+    with dg.instance_for_test() as instance:
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots(pool, 3)
+        killed = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.STARTED,
+                                     tags={PROCESS_TAG: dead_identity})
+        ended = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.SUCCESS)
+        alive = create_run_for_test(instance, job_name="b_job", status=dg.DagsterRunStatus.STARTED,
+                                    tags={PROCESS_TAG: process_identity()})
+        for run in (killed, ended, alive):
+            assert storage.claim_concurrency_slot(pool, run.run_id, "p__inferred").is_claimed
+        freed = release_dead_slots(instance, pool, own_run_id="me", log=log)
+        assert sorted(freed) == sorted([killed.run_id, ended.run_id])
+        assert [s.run_id for s in storage.get_concurrency_info(pool).claimed_slots] == [alive.run_id]
+        failed = instance.get_run_by_id(killed.run_id)
+        assert failed.status == dg.DagsterRunStatus.FAILURE
+        assert any("its process" in r and killed.run_id in r for r in records), records
+        assert not any("is held by" in r for r in records)  # two free slots left: nobody waits
+
+        storage.set_concurrency_slots(pool, 1)
+        release_dead_slots(instance, pool, own_run_id="me", log=log)
+        [held] = [r for r in records if "is held by" in r]
+        assert held.startswith("WARNING") and alive.run_id in held and "b_job" in held
+        assert "python -m batch_assets.pools free" in held
