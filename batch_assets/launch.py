@@ -35,7 +35,8 @@ def request_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, pipelin
                      last: str | None = None, partitions: list[str] | None = None, all_partitions: bool = False,
                      tags: dict[str, str] | None = None) -> tuple[str, list[str]]:
     """Record an asset backfill of the pipeline's four assets; (backfill id, partition keys)."""
-    from dagster._core.execution.backfill import PartitionBackfill, make_new_backfill_id
+    from dagster._core.execution.backfill import PartitionBackfill
+    from dagster._core.utils import make_new_backfill_id
     from dagster._time import get_current_timestamp
 
     graph = defs.resolve_asset_graph()

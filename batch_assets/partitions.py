@@ -136,6 +136,11 @@ def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
         files = _expand(pattern)
         index = hash_shard_keys(part.count or 1).index(key)
         return PartitionSlice(key, _require(files, spec, key, pattern), _hash_filter(index, part.count or 1))
+    if part.kind == "daily" and part.time_column and PARTITION_TOKEN in pattern:
+        concrete = pattern.replace(PARTITION_TOKEN, key)  # one file per day: check its rows are of that day
+        files = _require(_expand(concrete), spec, key, concrete)
+        check = _day_check(key, part.time_column, part.timezone) if part.day_check == "fail" else None
+        return PartitionSlice(key, files, check)
     if part.kind == "daily" and part.time_column:
         files = _expand(pattern)
         return PartitionSlice(key, _require(files, spec, key, pattern), _day_filter(key, part.time_column, part.timezone))
@@ -219,3 +224,26 @@ def _day_filter(key: str, column: str, timezone: str) -> RowFilter:
         return ((values >= start) & (values < end)).to_numpy(dtype=bool, na_value=False)
 
     return keep
+
+
+def _day_check(key: str, column: str, timezone: str) -> RowFilter:
+    """For a per-day file: every row's timestamp must fall in the file's day (keeps all rows, or fails)."""
+    in_day = _day_filter(key, column, timezone)
+
+    def check(batch: pa.RecordBatch) -> np.ndarray:
+        inside = in_day(batch)
+        if not inside.all():
+            i = int(np.argmin(inside))
+            value = batch.column(column)[i].as_py()
+            shown = value.isoformat() if hasattr(value, "isoformat") else str(value)
+            raise PipelineError(
+                f"row stamped {shown} in column {column!r} is not of day {key} "
+                f"({int((~inside).sum())} such row(s) in this batch), yet it is in day {key}'s file",
+                column=column,
+                row=int(batch.column("_source_row")[i].as_py()),
+                fix="move the row to its day's file, or set partitioning.day_check: keep to keep such rows in the "
+                "file's day",
+            )
+        return inside
+
+    return check

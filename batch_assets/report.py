@@ -99,11 +99,19 @@ def run_totals(reports: list[PartitionReport]) -> dict[str, Any]:
     """
     if len(reports) == 1:
         return {}
-    return {
+    keys = [r.key for r in reports]
+    totals: dict[str, Any] = {
         "run_partitions": dg.MetadataValue.int(len(reports)),
+        # which partitions: the asset's "latest materialization" is one of them, these say it was one of several
+        "run_partition_keys": dg.MetadataValue.text(
+            ", ".join(keys[:8]) + (f", … ({len(keys)} in all)" if len(keys) > 8 else "")),
         "run_rows_out": dg.MetadataValue.int(sum(r.rows_out for r in reports)),
         "run_duration_s": dg.MetadataValue.float(round(sum(r.seconds for r in reports), 3)),
     }
+    folders = {r.path.rsplit("/", 1)[0] for r in reports if r.path}
+    if len(folders) == 1:  # every partition's file side by side (hash shards, days): the run's output as a whole
+        totals["run_output_folder"] = dg.MetadataValue.path(folders.pop())
+    return totals
 
 
 def counter_delta(after: Any, before: Any) -> dict[str, int]:

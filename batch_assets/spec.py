@@ -67,8 +67,14 @@ class PartitioningSpec(_Strict):
     timezone: str = Field(default="UTC", description="daily: timezone of the day boundaries.")
     time_column: str | None = Field(
         default=None,
-        description="daily: keep rows whose timestamp in this column falls in the day, instead of reading a "
-        "per-day file through {partition} in source.path.",
+        description="daily: the column holding each row's timestamp. Without {partition} in source.path a day is "
+        "the rows of every file whose timestamp falls in it; with {partition} (one file per day) it is the day's "
+        "file, and `day_check` says what to do with a row of that file stamped with another day.",
+    )
+    day_check: Literal["fail", "keep"] = Field(
+        default="fail",
+        description="daily, one file per day, with time_column: a row whose timestamp is not in its file's day "
+        "fails the read naming the file, row and value ('fail'), or is kept in the file's day ('keep').",
     )
 
 
@@ -613,7 +619,13 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(("schedule.timezone", f"unknown timezone {spec.schedule.timezone!r}"))
     if spec.sensor is not None:
-        if part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
+        if part.kind == "daily" and part.time_column and PARTITION_TOKEN not in spec.source.path:
+            problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
+                             "source.path, and here a day is made of rows of any file (time_column): a new file "
+                             "can change any day. Use `schedule:` instead (the newest complete day, once it has "
+                             "ended), or write one file per day and put {partition} in source.path (time_column "
+                             "then checks each row's day, see partitioning.day_check)"))
+        elif part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
             problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
                              "source.path; this pipeline has no per-file partitions"))
         if spec.sensor.ready == "marker" and "/" in spec.sensor.marker:

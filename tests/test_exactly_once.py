@@ -149,3 +149,24 @@ def test_a_prompt_or_model_change_makes_every_stage_after_it_stale(tmp_path: Pat
         new_model["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "other.log")
         assert statuses(instance, new_model) == {"raw": StaleStatus.FRESH, "prepared": StaleStatus.FRESH,
                                                  "inferred": StaleStatus.STALE, "output": StaleStatus.STALE}
+
+
+def test_the_latest_materialization_of_a_sharded_run_describes_the_whole_run(tmp_path: Path) -> None:
+    """A hash-sharded run writes four shards; the asset's latest materialization (one shard's event) also says it
+    was one of four, with the run's total rows and the folder that holds them all."""
+    from batch_assets.partitions import hash_shard_keys
+    from tests.conftest import write_jsonl
+
+    write_jsonl(tmp_path / "docs" / "all.jsonl", [{"doc_id": f"d{i}", "text": f"t{i}"} for i in range(20)])
+    raw = daily_spec(tmp_path / "docs", tmp_path / "model.log")
+    raw["source"]["path"] = f"{tmp_path}/docs/*.jsonl"
+    raw["partitioning"] = {"kind": "hash", "count": 4}
+    spec, store = parse_spec(raw), tmp_path / "store"
+    with dg.instance_for_test() as instance:
+        run_pipeline(spec, store, hash_shard_keys(4), instance=instance)
+        [latest] = instance.fetch_materializations(dg.AssetKey([spec.name, "output"]), limit=1).records
+        md = {k: v.value for k, v in latest.asset_materialization.metadata.items()}
+    assert md["run_partitions"] == 4 and md["run_rows_out"] == 20
+    assert md["run_partition_keys"] == ", ".join(hash_shard_keys(4))
+    assert md["run_output_folder"] == str(store / spec.name / "output")
+    assert md["dagster/row_count"] < 20  # its own shard's rows, as the partition view shows

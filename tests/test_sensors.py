@@ -236,3 +236,37 @@ def test_daily_pipeline_sensor_requests_existing_days_only(tmp_path: Path) -> No
         assert [r.partition_key for r in result.run_requests] == ["2026-11-02"]
         assert not result.dynamic_partitions_requests
         assert not ticker.tick().run_requests
+
+
+def test_a_time_column_daily_pipeline_refuses_a_sensor_and_names_the_alternatives(tmp_path: Path) -> None:
+    from batch_assets.spec import SpecError
+
+    spec = inbox_spec(str(tmp_path / "in"))
+    spec["source"]["path"] = f"{tmp_path}/in/*.jsonl"
+    spec["source"]["columns"] = ["doc_id", "text", "created_at"]
+    spec["partitioning"] = {"kind": "daily", "start_date": "2026-11-01", "time_column": "created_at"}
+    with pytest.raises(SpecError, match="Use `schedule:` instead") as refused:
+        parse_spec(spec)
+    assert "put {partition} in source.path" in str(refused.value)
+    spec["source"]["path"] = f"{tmp_path}/in/{{partition}}.jsonl"  # one file per day: the sensor is fine
+    assert parse_spec(spec).sensor is not None
+
+
+def test_a_per_day_file_with_a_row_of_another_day_fails_or_keeps_it_as_configured(tmp_path: Path) -> None:
+    from tests.conftest import run_pipeline, write_jsonl
+
+    rows = [{"doc_id": "a", "text": "t", "created_at": "2026-11-02T08:00:00"},
+            {"doc_id": "b", "text": "t", "created_at": "2026-11-03T00:10:00"}]  # belongs to the next day
+    write_jsonl(tmp_path / "in" / "2026-11-02.jsonl", rows)
+    spec = inbox_spec(str(tmp_path / "in"))
+    spec["source"]["columns"] = ["doc_id", "text", "created_at"]
+    spec["partitioning"] = {"kind": "daily", "start_date": "2026-11-01", "time_column": "created_at"}
+    spec["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "model.log")
+    result = run_pipeline(parse_spec(spec), tmp_path / "store", ["2026-11-02"], raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.message
+    assert "stamped 2026-11-03T00:10:00 in column 'created_at'" in message and "not of day 2026-11-02" in message and "row 2" in message
+    assert "2026-11-02.jsonl" in message and "day_check: keep" in message
+    spec["partitioning"]["day_check"] = "keep"
+    assert run_pipeline(parse_spec(spec), tmp_path / "store", ["2026-11-02"]).success
