@@ -130,3 +130,36 @@ def test_slots_of_runs_that_are_gone_are_freed_and_a_live_holder_is_named(tmp_pa
         [held] = [r for r in records if "is held by" in r]
         assert held.startswith("WARNING") and alive.run_id in held and "b_job" in held
         assert "python -m batch_assets.pools free" in held
+
+
+def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
+    """`python -m batch_assets.pools status` names who holds a slot; `free <run id>` frees it and marks the run
+    failed (what troubleshooting.md tells a user whose run waits on a holder from another machine)."""
+    import os
+    import subprocess
+    import sys
+
+    from dagster._core.test_utils import create_run_for_test
+
+    from tests.daemon_helpers import ROOT, dagster_home
+
+    home = dagster_home(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    pool = "endpoint:test-api"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.STARTED)
+        instance.event_log_storage.set_concurrency_slots(pool, 1)
+        assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "a__inferred").is_claimed
+
+    def pools(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.pools", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    assert f"{pool}: 1 slot(s), held by: {run.run_id} (a__inferred)" in pools("status")
+    pools("free", run.run_id)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert "held by: none" in pools("status", pool)
