@@ -19,14 +19,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import DAEMON_GROUP, free_port
 from tests.daemon_helpers import (
     ROOT, dagster_dev_command, dagster_home, dev_server, log_tail, model_trace, wait_for, wait_ready,
 )
 
 DG = str(Path(sys.executable).with_name("dg"))
 ROWS_PER_DAY = 3
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(DAEMON_GROUP)]  # starts dagster dev
 
 
 def _upload(bucket: str, day: str) -> None:
