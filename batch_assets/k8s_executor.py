@@ -27,7 +27,8 @@ What upstream leaves to chance, and this executor does not:
   zero fits), or whose container cannot be configured (a missing Secret or ConfigMap), fails its step with what it
   asked for and why no node fit; its Job is deleted, its pool slot freed, and it is not retried (retrying cannot
   make a node appear). A failed Job's message says whether its pod was OOMKilled or evicted; those are retried by
-  the step's RetryPolicy, and an infer step resumes from its chunk checkpoints.
+  the step's RetryPolicy, and an infer step resumes from its chunk checkpoints. A pod stopped gracefully (SIGTERM, then
+  SIGKILL: a drain, a spot interruption handler) is retried the same way (tests/k8s/test_gpu_cluster.py).
 - **Step pods carry no service-account token** (`automountServiceAccountToken: false`): only the run worker talks
   to the Kubernetes API (it creates the step Jobs).
 """

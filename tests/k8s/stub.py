@@ -274,12 +274,21 @@ class KubernetesJobsStub:
             self._server = None
 
     # -- what a test does to the cluster -----------------------------------------------------------------------
-    def evict(self, job: RecordedJob, reason: str = "TerminationByKubelet") -> None:
-        """Disrupt a running pod (spot reclaim, drain): killed, pod Failed/Evicted, the Job failed."""
+    def evict(self, job: RecordedJob, reason: str = "TerminationByKubelet", grace_seconds: float | None = None) -> None:
+        """Disrupt a running pod: pod Failed/Evicted with a DisruptionTarget condition, the Job failed.
+        `grace_seconds=None`: the node is gone (spot reclaim without notice), the container is SIGKILLed.
+        Otherwise a graceful eviction (drain, spot interruption handler): SIGTERM, then SIGKILL after the grace
+        period (terminationGracePeriodSeconds), as the kubelet does."""
         with self._lock:
             assert job.process is not None and job.process.poll() is None, f"{job.name} is not running"
-            job.terminated_reason = "Evicted"
             job.disruption = reason
+            if grace_seconds is not None:
+                os.killpg(job.process.pid, signal.SIGTERM)
+                try:
+                    job.process.wait(timeout=grace_seconds)
+                except subprocess.TimeoutExpired:
+                    pass
+            job.terminated_reason = "Evicted"
             self._kill(job)
         self._schedule_pending()
 
