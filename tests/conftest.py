@@ -163,6 +163,27 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def llama_server():
+    """A real llama.cpp OpenAI-compatible server with SmolLM2-135M on loopback, one per worker, shared by every test
+    that asks for it (provider tests, the example pipelines' metadata test, ...).
+
+    Missing llama-cpp-python skips the tests on a workstation but fails them under CI, where it must be installed."""
+    from tests.providers.llama_server import LlamaServerUnavailable, check_available, start_llama_server
+
+    try:
+        check_available()
+    except LlamaServerUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and the llama.cpp server cannot start: {exc}")
+        pytest.skip(f"llama.cpp server unavailable: {exc}")
+    server = start_llama_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
     """A fresh bucket; the environment points s3fs/boto at the loopback server. Yields 's3://bucket'."""

@@ -21,7 +21,6 @@ from batch_assets.definitions import PIPELINES_DIR
 from batch_assets.partitions import hash_shard_keys, partitions_def_for
 from batch_assets.spec import PipelineSpec, parse_spec
 from tests.conftest import run_pipeline
-from tests.providers.conftest import llama_server  # noqa: F401  (session fixture, started only when used)
 
 pytestmark = pytest.mark.slow
 
