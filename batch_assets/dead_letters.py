@@ -150,6 +150,8 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
         stats = InferStats()
         chunks = pa.Table.from_batches(todo).to_batches(max_chunksize=spec.runtime.chunk_rows) if todo else []
         results = list(infer_batches(spec, provider, iter(chunks), stats))
+        # counted here: infer_batches (no checkpoints) leaves the stats' error counts to its caller
+        still_failed = sum(b.num_rows - b.column("error").null_count for b in results)
         if retried_rows:
             retried = pa.Table.from_batches(results)
             target = parquet_schema(inferred)
@@ -164,5 +166,5 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
                     writer.write(batch)
     with partition_lock(root, spec.name, "output", key, on_wait=log):
         report = run_write(spec, storage, key)
-    return {"retried": retried_rows, "still_failed": stats.rows_with_errors,
+    return {"retried": retried_rows, "still_failed": still_failed,
             "dead_letters": int(report.extra["dead_letters"]), "rows": report.rows_out}

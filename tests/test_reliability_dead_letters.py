@@ -105,3 +105,53 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         third = run_pipeline(other, store, ["a"])
         assert third.success and _metadata(third, "echoes_too")["cache_hits"] == 10
         assert {k: len(proxy.attempts_for(k)) for k in calls} == retried_calls
+
+
+def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_path: Path, s3_bucket: str) -> None:
+    """The documented command with DAGSTER_HOME set, on an s3:// storage root: one dead letter recovers, one still
+    fails (its endpoint is still down) and stays a dead letter; the instance holds the output's materialization for
+    the partition with the command's counts."""
+    from tests.daemon_helpers import dagster_home
+
+    down = {"Say row 3", "Say row 7"}
+
+    def script(key: str, attempt: int):
+        return Respond(500, {"error": {"message": "upstream down"}}) if key in down else Echo()
+
+    data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", f"{s3_bucket}/store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
+    home = dagster_home(tmp_path / "home")
+    with FaultProxy(script) as proxy:
+        raw = {**_raw_spec(data, proxy.url), "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5}}
+        spec = parse_spec(raw)
+        assert run_pipeline(spec, store, ["a"]).success
+        before = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert {k for k, r in before.items() if r["error"]} == {"d3", "d7"}
+
+        down.discard("Say row 3")  # row 3's endpoint is back; row 7's is not
+        pipelines.mkdir()
+        (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(home)}
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+                               "--storage-root", store], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "retried 2 rows, 1 still failed; 1 dead letters, 10 rows published" in proc.stdout
+
+    after = read_output(spec, store, "a").to_pylist()
+    assert [r["doc_id"] for r in after] == [f"d{i}" for i in range(10)]  # every row once, in its place
+    by_id = {r["doc_id"]: r for r in after}
+    assert by_id["d3"]["error"] is None and by_id["d3"]["generated_text"] == "echo:Say row 3"
+    assert by_id["d7"]["generated_text"] is None and "500" in by_id["d7"]["error"]
+    assert {k: v for k, v in by_id.items() if k not in ("d3", "d7")} == \
+        {k: v for k, v in before.items() if k not in ("d3", "d7")}
+    dead = pq.read_table(dead_letter_url(ArrowStorage(root=store), "echoes", "a")).to_pylist()
+    assert [d["row_id"] for d in dead] == ["d7"] and dead[0]["error_class"] == "transient"
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey(["echoes", "output"]))
+    assert event is not None, "the retry recorded no materialization in DAGSTER_HOME"
+    materialization = event.asset_materialization
+    assert materialization.partition == "a"
+    assert {k: v.value for k, v in materialization.metadata.items()} == \
+        {"retried": 2, "still_failed": 1, "dead_letters": 1, "rows": 10}
