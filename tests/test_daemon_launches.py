@@ -28,7 +28,8 @@ def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path)
     pipelines.mkdir()
     today = dt.datetime.now(dt.timezone.utc).date()
     yesterday, before = str(today - dt.timedelta(days=1)), str(today - dt.timedelta(days=2))
-    for day in (before, yesterday):
+    # today's file too: if UTC midnight passes during the test, the next tick asks for this (by then yesterday's) day
+    for day in (before, yesterday, str(today)):
         write_day(tmp_path / "days", day)
     daily = daily_spec(tmp_path / "days", tmp_path / "daily-model.log",
                        partitioning={"kind": "daily", "start_date": str(today - dt.timedelta(days=5))},
@@ -56,7 +57,10 @@ def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path)
         assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
 
         [scheduled] = wait_for("a schedule run", lambda: runs_by("schedule"), log, 100)
-        assert scheduled.job_name == "daily_docs_job" and scheduled.tags["dagster/partition"] == yesterday
+        # the newest complete day as of the tick that launched it (not as of the test's start)
+        ticked = instance.get_run_record_by_id(scheduled.run_id).create_timestamp.astimezone(dt.timezone.utc)
+        assert scheduled.job_name == "daily_docs_job"
+        assert scheduled.tags["dagster/partition"] == str(ticked.date() - dt.timedelta(days=1))
 
         def backfill_run():
             return [r for r in instance.get_runs() if r.tags.get("dagster/backfill")]
