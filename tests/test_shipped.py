@@ -18,8 +18,10 @@ import pytest
 import yaml
 
 from batch_assets.definitions import PIPELINES_DIR, build_definitions
+from batch_assets.factory import STORAGE_KEY
 from batch_assets.sensors import sensor_name
 from batch_assets.spec import parse_spec
+from batch_assets.storage import ArrowStorage
 from tests.conftest import pipeline_definitions
 
 pytestmark = pytest.mark.slow
@@ -36,7 +38,8 @@ def test_shipped_quote_sensor_launches_runs_that_pass_their_blocking_checks(tmp_
     with dg.instance_for_test() as instance:
         def tick(cursor):
             context = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor,
-                                              repository_def=defs.get_repository_def())
+                                              repository_def=defs.get_repository_def(),
+                                              resources={STORAGE_KEY: ArrowStorage(root=str(tmp_path / "store"))})
             result = sensor.evaluate_tick(context)
             for request in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
