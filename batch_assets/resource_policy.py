@@ -28,7 +28,7 @@ from batch_assets.spec import PARTITION_TOKEN, InferResources, PipelineSpec, Tol
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Set on the infer container; providers read it at load (resources/base.py: device; vLLM: tensor_parallel_size).
-from resources.base import INFER_GPUS_ENV  # noqa: E402  (one name for the executor and the providers)
+from resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV  # noqa: E402  (one name for the executor and the providers)
 # Op tags the factory puts on each infer asset: which pipeline's policy sizes the step (k8s_executor.py reads them).
 PIPELINE_TAG = "batch_assets/pipeline"
 STAGE_TAG = "batch_assets/stage"
@@ -40,7 +40,14 @@ GPU_DEFAULT_CPU_PER_GPU = 4
 # Tensor parallelism exchanges activations through /dev/shm (NCCL); Kubernetes gives a container 64 MB there.
 # A memory-backed emptyDir of this size is mounted instead; it counts against the pod's memory limit.
 TP_SHM_SIZE = "8Gi"
-GPU_STRATEGY_ENV = "BATCH_GPU_STRATEGY"
+# Providers that run `gpu_strategy: replicas` (one model copy per GPU inside the step's pod): vLLM starts one engine
+# process per GPU (resources/vllm_engine/replicas.py), sentence-transformers its own multi-process pool.
+REPLICA_PROVIDERS = ("sentence_transformers", "vllm")
+REPLICAS_FIX = (
+    f"use a provider that runs replicas ({', '.join(REPLICA_PROVIDERS)}), or give each partition gpus: 1 and run "
+    "partitions side by side (multi_run backfills; the `gpu` pool limit sets how many at once), or use "
+    "gpu_strategy: tensor_parallel"
+)
 GPU_POD_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
@@ -221,13 +228,11 @@ def check_gpu_strategy(spec: PipelineSpec, step: StepResources) -> list[str]:
     provider = spec.model.provider
     where = f"partitions {', '.join(step.partitions) or '(default)'}: {step.gpus} GPUs"
     if step.gpu_strategy == "replicas":
-        raise PipelineError(
-            f"{where} with gpu_strategy 'replicas', which no provider runs inside one pod yet (the vLLM provider "
-            "shards one model with tensor_parallel_size)",
-            pipeline=spec.name,
-            fix="for data parallelism give each partition gpus: 1 and run partitions side by side (multi_run "
-            "backfills; the `gpu` pool limit sets how many at once), or use gpu_strategy: tensor_parallel",
-        )
+        problem = replicas_problem(provider, spec.model.config)
+        if problem is not None:
+            raise PipelineError(f"{where} with gpu_strategy 'replicas', but {problem}", pipeline=spec.name,
+                                fix=REPLICAS_FIX)
+        return []
     if provider != "vllm":
         return [f"{where}, but the {provider!r} provider runs its model on one GPU: {step.gpus - 1} would sit idle "
                 "(give this provider gpus: 1 and run partitions side by side instead)"]
@@ -240,6 +245,17 @@ def check_gpu_strategy(spec: PipelineSpec, step: StepResources) -> list[str]:
             fix=f"use a GPU count that divides {heads} (for a model that fits one GPU: gpus: 1)",
         )
     return []
+
+
+def replicas_problem(provider: str, config: dict[str, Any]) -> str | None:
+    """Why `gpu_strategy: replicas` cannot run with this provider and config, or None when it can."""
+    if provider not in REPLICA_PROVIDERS:
+        return (f"the {provider!r} provider runs one model in one process; replicas are run by the "
+                f"{' and '.join(repr(p) for p in REPLICA_PROVIDERS)} providers")
+    if provider == "vllm" and (config.get("tensor_parallel_size") or 1) != 1:
+        return (f"model.config.tensor_parallel_size is {config['tensor_parallel_size']}: each vLLM replica runs on "
+                "one GPU (remove tensor_parallel_size, or use gpu_strategy: tensor_parallel)")
+    return None
 
 
 def _attention_heads(model: Any) -> int | None:

@@ -525,6 +525,13 @@ class PipelineSpec(_Strict):
         if part.kind == "daily" and part.time_column and self.runtime.resources.by_size:
             problems.append(("runtime.resources.by_size", "a day filtered from a time column has no size of its "
                              "own in the source metadata: use partitions overrides instead"))
+        policy = self.runtime.resources
+        if any(r.gpu_strategy == "replicas" for r in (policy.default, *policy.partitions.values(), *policy.by_size)):
+            from batch_assets.resource_policy import replicas_problem
+
+            problem = replicas_problem(self.model.provider, self.model.config)
+            if problem is not None:
+                problems.append(("runtime.resources.gpu_strategy", f"'replicas', but {problem}"))
         if self.model.provider not in PROVIDERS:
             problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
         elif not supports(provider_class(self.model.provider), task.kind):

@@ -25,6 +25,9 @@ LOAD_COUNTS: Counter[str] = Counter()
 # The batch Kubernetes executor sets this on the infer container to the GPUs the step's pod was given
 # (batch_assets/resource_policy.py); unset outside Kubernetes.
 INFER_GPUS_ENV = "BATCH_INFER_GPUS"
+# ... and, when it has several GPUs, how to use them: 'tensor_parallel' (one model over all) or 'replicas' (one
+# model copy per GPU; providers that run replicas read it at load).
+GPU_STRATEGY_ENV = "BATCH_GPU_STRATEGY"
 
 
 def granted_gpus() -> int | None:

@@ -23,10 +23,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PrivateAttr
 
-from resources.base import ModelResource, granted_gpus
+import dagster as dg
+
+from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput
 from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
+from resources.vllm_engine.replicas import ReplicaSet, replica_devices
 from resources.vllm_engine.requests import prefix_order, sampling_params, to_generation
 
 # Engine arguments the provider sets from its own fields; `engine_kwargs` may not repeat them.
@@ -126,7 +129,8 @@ class VLLMEngineProvider(ModelResource):
         args: dict[str, Any] = {
             "model": self.model,
             "runner": self.runner,
-            "tensor_parallel_size": self.tensor_parallel_size or default_tensor_parallel_size(),
+            "tensor_parallel_size": 1 if self.replica_count() > 1 else (
+                self.tensor_parallel_size or default_tensor_parallel_size()),
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "dtype": self.dtype,
@@ -146,7 +150,20 @@ class VLLMEngineProvider(ModelResource):
         self.active_lora()  # a misnamed adapter fails before minutes of engine start-up
         api = load_vllm_api(self.vllm_api)
         self._api = api
+        replicas = self.replica_count()
+        if replicas > 1:
+            return ReplicaSet.start(replica_devices(replicas), self.vllm_api, self.engine_args())
         return build_engine(self, api)
+
+    def replica_count(self) -> int:
+        """Engines to run: the step's GPU grant under gpu_strategy replicas (BATCH_GPU_STRATEGY=replicas, set by the
+        executor from runtime.resources), else 1 engine over every GPU (tensor parallel)."""
+        if os.environ.get(GPU_STRATEGY_ENV, "").strip() != "replicas":
+            return 1
+        if (self.tensor_parallel_size or 1) != 1:
+            raise ValueError(f"gpu_strategy replicas runs one engine per GPU, but tensor_parallel_size is "
+                             f"{self.tensor_parallel_size}: remove it, or use gpu_strategy tensor_parallel")
+        return default_tensor_parallel_size()
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -172,11 +189,8 @@ class VLLMEngineProvider(ModelResource):
         return self._api
 
     def lora_request(self) -> Any:
-        name = self.active_lora()
-        if name is None:
-            return None
-        # LoRARequest ids must be positive and stable per adapter within the engine.
-        return self.api.LoRARequest(name, sorted(self.lora_adapters).index(name) + 1, self.lora_adapters[name])
+        lora = self._lora()
+        return None if lora is None else self.api.LoRARequest(*lora)
 
     def input_tokenizer(self) -> Any:
         return self.loaded.get_tokenizer()  # vLLM's documented LLM.get_tokenizer(): the model's HF tokenizer
@@ -184,47 +198,79 @@ class VLLMEngineProvider(ModelResource):
     def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
         from resources.tokens import generation_limit
 
-        config = getattr(getattr(self.loaded, "llm_engine", None), "model_config", None)
-        context = self.max_model_len or getattr(config, "max_model_len", None)
+        if isinstance(self.loaded, ReplicaSet):
+            context = self.max_model_len or self.loaded.max_model_len
+        else:
+            config = getattr(getattr(self.loaded, "llm_engine", None), "model_config", None)
+            context = self.max_model_len or getattr(config, "max_model_len", None)
         return generation_limit(self.input_tokenizer(), context, params, system)
 
     # -- capabilities ----------------------------------------------------------------------------------------------
+    def _lora(self) -> tuple[str, int, str] | None:
+        """The active adapter as LoRARequest's (name, id, path); ids must be positive and stable per adapter."""
+        name = self.active_lora()
+        return None if name is None else (name, sorted(self.lora_adapters).index(name) + 1, self.lora_adapters[name])
+
     def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
         if not conversations:
             return []
-        engine = self.loaded
-        structured = StructuredOutput.from_params(params)  # refuses two constraints before any GPU work
-        order = prefix_order(conversations)
-        outputs = engine.chat(
-            [list(conversations[i]) for i in order],
-            sampling_params=sampling_params(self.api, params, self.json_any_whitespace),
-            use_tqdm=False,
-            lora_request=self.lora_request(),
-            chat_template_kwargs=self.config_value("chat_template_kwargs") or None,
-        )
-        if len(outputs) != len(order):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")
-        results: list[Generation | None] = [None] * len(conversations)
-        for output, row in zip(outputs, order):
-            results[row] = to_generation(output, params, structured)
-        return [r for r in results if r is not None]
+        StructuredOutput.from_params(params)  # refuses two constraints before any GPU work
+        options = {"json_any_whitespace": self.json_any_whitespace, "lora": self._lora(),
+                   "chat_template_kwargs": self.config_value("chat_template_kwargs") or None}
+        if isinstance(self.loaded, ReplicaSet):
+            return self.loaded.generate(conversations, prefix_order(conversations), params, options)
+        return run_chat(self.loaded, self.api, conversations, params, **options)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        outputs = self.loaded.embed(list(texts), use_tqdm=False, lora_request=self.lora_request())
-        if len(outputs) != len(texts):
-            raise RuntimeError(f"vLLM returned {len(outputs)} embeddings for {len(texts)} texts")
-        for row, out in enumerate(outputs):
-            if getattr(out, "error", None) is not None or not out.outputs.embedding:
-                raise RuntimeError(
-                    f"vLLM could not embed text {row} of this chunk: {getattr(out, 'error', None) or 'empty vector'}"
-                )
-        vectors = np.asarray([out.outputs.embedding for out in outputs], dtype=np.float32)
+        if isinstance(self.loaded, ReplicaSet):
+            vectors = self.loaded.embed(list(texts), self._lora())
+        else:
+            vectors = run_embed(self.loaded, self.api, list(texts), self._lora())
         if self.normalize_embeddings:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.where(norms == 0, 1.0, norms)
         return vectors
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if isinstance(self._model, ReplicaSet):
+            self._model.close()  # every replica's worker exits (and frees its GPU) before the step ends
+        super().teardown_after_execution(context)
+
+
+def run_chat(engine: Any, api: VLLMApi, conversations: Sequence[Conversation], params: GenerationParams, *,
+             json_any_whitespace: bool, lora: tuple[str, int, str] | None,
+             chat_template_kwargs: dict[str, Any] | None) -> list[Generation]:
+    """One `LLM.chat` call for every row, in prefix order, results mapped back to the caller's order (in the step's
+    process, or in a replica's worker process for its share)."""
+    structured = StructuredOutput.from_params(params)
+    order = prefix_order(conversations)
+    outputs = engine.chat(
+        [list(conversations[i]) for i in order],
+        sampling_params=sampling_params(api, params, json_any_whitespace),
+        use_tqdm=False,
+        lora_request=api.LoRARequest(*lora) if lora else None,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    if len(outputs) != len(order):
+        raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")
+    results: list[Generation | None] = [None] * len(conversations)
+    for output, row in zip(outputs, order):
+        results[row] = to_generation(output, params, structured)
+    return [r for r in results if r is not None]
+
+
+def run_embed(engine: Any, api: VLLMApi, texts: list[str], lora: tuple[str, int, str] | None) -> np.ndarray:
+    outputs = engine.embed(texts, use_tqdm=False, lora_request=api.LoRARequest(*lora) if lora else None)
+    if len(outputs) != len(texts):
+        raise RuntimeError(f"vLLM returned {len(outputs)} embeddings for {len(texts)} texts")
+    for row, out in enumerate(outputs):
+        if getattr(out, "error", None) is not None or not out.outputs.embedding:
+            raise RuntimeError(
+                f"vLLM could not embed text {row} of this chunk: {getattr(out, 'error', None) or 'empty vector'}"
+            )
+    return np.asarray([out.outputs.embedding for out in outputs], dtype=np.float32)
 
 
 def build_engine(provider: VLLMEngineProvider, api: VLLMApi) -> Any:

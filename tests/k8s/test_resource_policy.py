@@ -186,10 +186,17 @@ def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Pa
     local = policy_spec(tmp_path, gpus=2)
     (warning,) = check_gpu_strategy(local, resources_for_keys(local, ["a"]))
     assert "'sentence_transformers' provider runs its model on one GPU: 1 would sit idle" in warning
-    # replicas inside one pod: no provider runs them, refused before a pod is asked for
+    # replicas inside one pod: sentence-transformers runs them (its multi-process pool), so no warning
     replicas = policy_spec(tmp_path, resources={"default": {"gpus": 2, "gpu_strategy": "replicas"}})
-    with pytest.raises(PipelineError, match="gpu_strategy 'replicas'.*What to do: for data parallelism"):
-        check_gpu_strategy(replicas, resources_for_keys(replicas, ["a"]))
+    assert check_gpu_strategy(replicas, resources_for_keys(replicas, ["a"])) == []
+    # ... a provider that cannot is refused naming the ones that can (the policy check; the spec load refuses too)
+    other = replicas.model_copy(update={"model": replicas.model.model_copy(update={"provider": "transformers"})})
+    with pytest.raises(PipelineError, match="gpu_strategy 'replicas', but the 'transformers' provider runs one "
+                       "model in one process; replicas are run by the 'sentence_transformers' and 'vllm' providers"):
+        check_gpu_strategy(other, resources_for_keys(other, ["a"]))
+    vllm_replicas = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "org/model"}},
+                              runtime={"resources": {"default": {"gpus": 4, "gpu_strategy": "replicas"}}})
+    assert check_gpu_strategy(vllm_replicas, resources_for_keys(vllm_replicas, ["a"])) == []
     # vLLM tensor parallelism over a local model whose 14 attention heads 4 GPUs cannot split
     model = tmp_path / "model"
     model.mkdir()
@@ -202,6 +209,19 @@ def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Pa
     hub = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "org/model"}},
                     runtime={"gpus": 4})
     assert check_gpu_strategy(hub, resources_for_keys(hub, ["a"])) == []  # a hub id cannot be read offline
+
+
+def test_replicas_with_a_provider_that_cannot_run_them_is_refused_at_spec_load(tmp_path: Path) -> None:
+    from tests.conftest import GENERATE_SPEC
+
+    with pytest.raises(SpecError, match=r"runtime.resources.gpu_strategy.*'replicas', but the 'transformers' "
+                       r"provider runs one model in one process; replicas are run by the 'sentence_transformers' "
+                       r"and 'vllm' providers"):
+        make_spec(GENERATE_SPEC, tmp_path, model={"provider": "transformers", "config": {}},
+                  runtime={"resources": {"default": {"gpus": 2}, "partitions": {"b": {"gpu_strategy": "replicas"}}}})
+    with pytest.raises(SpecError, match="tensor_parallel_size is 2: each vLLM replica runs on one GPU"):
+        make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "m", "tensor_parallel_size": 2}},
+                  runtime={"resources": {"default": {"gpus": 4, "gpu_strategy": "replicas"}}})
 
 
 def test_a_failed_step_pod_says_why_it_ended() -> None:

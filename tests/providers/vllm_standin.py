@@ -6,6 +6,13 @@ vLLM 0.33's `RequestOutput` / `CompletionOutput` / `EmbeddingRequestOutput`. Wha
 (`engine.reply`), or by default (`default_reply`): a label for `choice`, `{"echo": ...}` for a JSON schema, an echo
 of the last user message otherwise.
 
+Every engine records the process it was built in: `engine.pid` and `engine.cuda_visible_devices` (the
+CUDA_VISIBLE_DEVICES that process saw, which is how vLLM picks its GPUs). With `VLLM_STANDIN_LOG=<folder>` in the
+environment, each engine also appends its build and every chat/embed call (pid, CUDA_VISIBLE_DEVICES, rows) to
+`<folder>/<pid>.jsonl`: how a test sees engines that live in replica worker processes. `VLLM_STANDIN_FAULT=raise:<gpu>`
+or `exit:<gpu>` makes the engine whose CUDA_VISIBLE_DEVICES is `<gpu>` raise, or its process die, on its next call
+(a CUDA error, an OOM kill).
+
 `standin_vllm_api()` is what a test puts in the provider's `vllm_api` seam. When vLLM is importable (a GPU node)
 it keeps vLLM's real `SamplingParams`, `StructuredOutputsParams` and `LoRARequest`, so their own validation runs;
 otherwise it uses the look-alike dataclasses below, which carry the same field names as vLLM 0.33's classes.
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +170,23 @@ class StandInVLLMEngine:
         self.embed_calls: list[list[str]] = []
         self.reply: Reply = default_reply
         self.embedding_dim = 8
+        self.pid = os.getpid()
+        self.cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self._record("build", engine_args={k: str(v) for k, v in self.engine_args.items()})
+
+    def _record(self, event: str, **details: Any) -> None:
+        folder = os.environ.get("VLLM_STANDIN_LOG")
+        if folder:
+            line = {"event": event, "pid": self.pid, "cuda_visible_devices": self.cuda_visible_devices, **details}
+            with (Path(folder) / f"{self.pid}.jsonl").open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def _fault(self) -> None:
+        kind, _, gpu = os.environ.get("VLLM_STANDIN_FAULT", "").partition(":")
+        if kind and gpu == self.cuda_visible_devices:
+            if kind == "exit":
+                os._exit(3)
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered (stand-in fault on GPU {gpu})")
 
     def chat(
         self,
@@ -173,7 +199,10 @@ class StandInVLLMEngine:
     ) -> list[StandInRequestOutput]:
         if kwargs:
             raise TypeError(f"StandInVLLMEngine.chat got arguments it does not model: {sorted(kwargs)}")
+        self._fault()
         self.chat_calls.append(ChatCall(messages, sampling_params, lora_request, chat_template_kwargs, use_tqdm))
+        self._record("chat", rows=[str(c[-1].get("content", "")) for c in messages],
+                     systems=[str(c[0].get("content", "")) for c in messages])
         outputs = []
         for n, conversation in enumerate(messages):
             text, finish = self.reply(conversation, sampling_params)
@@ -187,7 +216,9 @@ class StandInVLLMEngine:
     ) -> list[StandInEmbeddingRequestOutput]:
         if kwargs:
             raise TypeError(f"StandInVLLMEngine.embed got arguments it does not model: {sorted(kwargs)}")
+        self._fault()
         self.embed_calls.append(list(prompts))
+        self._record("embed", rows=list(prompts))
         out = []
         for n, text in enumerate(prompts):
             seed = hashlib.sha256(text.encode()).digest()
