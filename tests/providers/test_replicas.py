@@ -146,3 +146,30 @@ def test_vllm_replicas_through_the_pipeline(replicas_env, tmp_path):
     assert sorted(r for e in chats for r in e["rows"]) == sorted(f"Industry of {c}? Choose from: Law Firm, "
                                                                  "Healthcare, Technology, Other." for c in companies)
     assert all(gone(b["pid"]) for b in builds)  # Dagster's resource teardown stopped the workers
+
+
+def test_sentence_transformers_replicas_pool_vectors_equal_one_process(monkeypatch):
+    """The real MiniLM model in sentence-transformers' multi-process pool (two CPU workers standing in for
+    cuda:0 and cuda:1): the same vectors, in the same order, as one model in this process."""
+    from resources.hf.embedder import SentenceTransformerEmbedder
+
+    texts = [f"{topic} number {i}" for i, topic in enumerate(["the moon", "pasta water", "stock prices",
+                                                              "a goalkeeper", "rain in spain"] * 8)]
+    single = SentenceTransformerEmbedder(device="cpu").load_for_tests()
+    expected = single.embed(texts)
+    monkeypatch.setenv(INFER_GPUS_ENV, "2")
+    monkeypatch.setenv(GPU_STRATEGY_ENV, "replicas")
+    assert SentenceTransformerEmbedder().pool_devices() == ["cuda:0", "cuda:1"]  # what a 2-GPU pod runs
+    pooled = SentenceTransformerEmbedder(replica_devices=["cpu", "cpu"]).load_for_tests()
+    try:
+        workers = pooled._pool["processes"]
+        pids = [p.pid for p in workers]
+        assert len(workers) == 2 and all(p.is_alive() and p.pid != os.getpid() for p in workers)
+        vectors = pooled.embed(texts)
+        assert pooled.chunks_in_flight(64) == 1
+    finally:
+        pooled.teardown_after_execution(dg.build_init_resource_context())
+    assert all(gone(pid) for pid in pids)  # the workers stopped at teardown
+    assert vectors.shape == expected.shape and vectors.dtype == np.float32
+    cosine = np.sum(vectors * expected, axis=1) / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(expected, axis=1))
+    assert cosine.min() >= 0.9999
