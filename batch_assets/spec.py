@@ -244,7 +244,8 @@ class InferResources(_Strict):
     gpu_strategy: Literal["tensor_parallel", "replicas"] | None = Field(
         default=None,
         description="How a step with several GPUs uses them: 'tensor_parallel' shards one model over all of them "
-        "(vLLM; the pod gets a memory-backed /dev/shm for NCCL), 'replicas' runs one model copy per GPU. Default: "
+        "(vLLM; the pod gets a memory-backed /dev/shm for NCCL), 'replicas' runs one model copy per GPU and splits "
+        "each chunk's rows across them (providers vllm and sentence_transformers; others are refused). Default: "
         "tensor_parallel. Checked against the provider and, where it can tell, the model (docs/deployment.md).",
     )
 

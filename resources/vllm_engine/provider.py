@@ -68,7 +68,8 @@ class VLLMEngineProvider(ModelResource):
         default=None,
         ge=1,
         description="GPUs to shard the model over. Default: the GPUs the executor gave the step (BATCH_INFER_GPUS, "
-        "set per partition by runtime.resources), else every GPU visible to the process.",
+        "set per partition by runtime.resources), else every GPU visible to the process. With gpu_strategy "
+        "replicas: 1 (one engine per GPU; another value is refused).",
     )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM may take (weights + KV cache)."
