@@ -126,6 +126,7 @@ def test_replicas_refuse_a_tensor_parallel_size(replicas_env):
         VLLMEngineProvider(model="m", vllm_api=STANDIN_API, tensor_parallel_size=2).load_for_tests()
 
 
+@pytest.mark.slow
 def test_vllm_replicas_through_the_pipeline(replicas_env, tmp_path):
     """A whole partition on 3 replicas: 10 rows in chunks of 4, output rows in source order, 3 engine builds."""
     from tests.conftest import GENERATE_SPEC, make_spec, read_output, run_pipeline, write_csv
@@ -148,6 +149,7 @@ def test_vllm_replicas_through_the_pipeline(replicas_env, tmp_path):
     assert all(gone(b["pid"]) for b in builds)  # Dagster's resource teardown stopped the workers
 
 
+@pytest.mark.slow
 def test_sentence_transformers_replicas_pool_vectors_equal_one_process(monkeypatch):
     """The real MiniLM model in sentence-transformers' multi-process pool (two CPU workers standing in for
     cuda:0 and cuda:1): the same vectors, in the same order, as one model in this process."""
