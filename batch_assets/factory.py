@@ -18,6 +18,7 @@ from typing import Any
 import dagster as dg
 
 from batch_assets import evaluation
+from batch_assets.automation import automation_condition
 from batch_assets.cache import CachedProvider, ResponseCache, cached
 from batch_assets.checks import blocking_check_results, blocking_check_specs
 from batch_assets.errors import PipelineError
@@ -306,6 +307,7 @@ def _stage_asset(
         backfill_policy=backfill_policy(spec),
         retry_policy=step_retry_policy(spec),
         code_version=stage_code_version(spec, stage),
+        automation_condition=automation_condition(spec),  # spec `automation:`; None without (batch_assets/automation.py)
         required_resource_keys=required,
         check_specs=check_specs,
         op_tags=op_tags,

@@ -17,6 +17,7 @@ import sys
 
 import dagster as dg
 
+from batch_assets.automation import build_automation_sensor
 from batch_assets.factory import job_name
 from batch_assets.schedules import build_schedule
 from batch_assets.sensors import build_sensor
@@ -26,9 +27,11 @@ STAGES = ("raw", "prepared", "inferred", "output")
 
 
 def launch_definitions(spec: PipelineSpec) -> dg.Definitions:
-    """The pipeline's schedule and/or sensor, when its spec declares them."""
+    """The pipeline's schedule and/or sensor, or its automation sensor, when its spec declares them."""
     schedule, sensor = build_schedule(spec, job_name(spec)), build_sensor(spec, job_name(spec))
-    return dg.Definitions(schedules=[schedule] if schedule else [], sensors=[sensor] if sensor else [])
+    automation = build_automation_sensor(spec)
+    return dg.Definitions(schedules=[schedule] if schedule else [],
+                          sensors=[s for s in (sensor, automation) if s is not None])
 
 
 def request_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, pipeline: str, first: str | None = None,

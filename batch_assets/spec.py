@@ -411,6 +411,26 @@ class SensorSpec(_Strict):
     running: bool = Field(default=True, description="Start running when the code location loads.")
 
 
+class AutomationSpec(_Strict):
+    """Dagster's declarative automation on the pipeline's four assets (see batch_assets/automation.py): an
+    automation sensor evaluates the condition and launches what it asks for. Lineage records still make every run
+    skip a partition already made from the same source and spec, so a requested run never pays twice."""
+
+    condition: Literal["on_missing", "on_cron"] = Field(
+        description="on_missing (Dagster's AutomationCondition.on_missing()): materialize each partition that "
+        "appears after automation is switched on, once (daily: each day as it ends; dynamic: each key added), when "
+        "it has never been materialized in this Dagster instance; partitions already missing at switch-on are a "
+        "backfill's job. on_cron: at every tick of `cron`, request the partitions (daily: the newest day), each "
+        "stage once its upstream stage has updated since the tick; already-published partitions skip every stage.",
+    )
+    cron: str | None = Field(default=None, description="on_cron: when ticks fire, a cron string like '0 2 * * *'.")
+    timezone: str | None = Field(default=None, description="on_cron: timezone of the cron (default: "
+                                 "partitioning.timezone).")
+    interval_seconds: int = Field(default=30, ge=5, description="Seconds between evaluations of the condition.")
+    running: bool = Field(default=True, description="Start the automation sensor running when the code location "
+                          "loads (else stopped until switched on in the UI's Automation page).")
+
+
 class RetrySpec(_Strict):
     """Step retries for transient failures (network, OOM-killed worker, provider 5xx); bad input is never retried."""
 
@@ -433,6 +453,9 @@ class PipelineSpec(_Strict):
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
     schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning: a schedule (optional).")
     sensor: SensorSpec | None = Field(default=None, description="A sensor on new source files (optional).")
+    automation: AutomationSpec | None = Field(
+        default=None, description="Dagster's declarative automation (on_missing, on_cron) instead of a schedule or "
+        "sensor (optional); see docs/launch-paths.md.")
     retries: RetrySpec = Field(default_factory=RetrySpec)
     evaluation: EvaluationSpec | None = Field(
         default=None, description="Score the answers against a labelled column; see docs/evaluation.md."
@@ -638,6 +661,25 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "source.path; this pipeline has no per-file partitions"))
         if spec.sensor.ready == "marker" and "/" in spec.sensor.marker:
             problems.append(("sensor.marker", "the marker is a file name in the data file's folder, not a path"))
+    auto = spec.automation
+    if auto is not None:
+        others = [name for name in ("schedule", "sensor") if getattr(spec, name) is not None]
+        if others:
+            problems.append(("automation", f"one automatic launcher per pipeline: drop `automation:` or "
+                             f"`{'`/`'.join(others)}:`. Dagster's automation sensor does not see what a schedule "
+                             "or sensor is about to request (nor they what it requests), so both would launch the "
+                             "same partitions; on_missing covers a sensor's new partitions, on_cron a schedule"))
+        if auto.condition == "on_cron":
+            if not auto.cron:
+                problems.append(("automation.cron", "on_cron needs a cron string, like '0 2 * * *'"))
+            elif not is_valid_cron_string(auto.cron):
+                problems.append(("automation.cron", f"{auto.cron!r} is not a cron string like '0 2 * * *'"))
+            try:
+                ZoneInfo(auto.timezone or part.timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
+        elif auto.cron or auto.timezone:
+            problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
     return problems
 
 
