@@ -167,6 +167,8 @@ def test_sentence_transformers_replicas_pool_vectors_equal_one_process(monkeypat
         workers = pooled._pool["processes"]
         pids = [p.pid for p in workers]
         assert len(workers) == 2 and all(p.is_alive() and p.pid != os.getpid() for p in workers)
+        # the vectors must come from the workers: this process's copy of the model refuses to encode
+        monkeypatch.setattr(pooled.loaded, "_inference", lambda *a, **k: pytest.fail("encoded in the step's process"))
         vectors = pooled.embed(texts)
         assert pooled.chunks_in_flight(64) == 1
     finally:
