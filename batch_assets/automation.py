@@ -7,9 +7,10 @@ partition is requested at every stage at once and the sensor launches it as one 
 `backfill.policy: single_run`, one backfill run for all partitions requested together):
 
 - `on_missing`: `AutomationCondition.on_missing()`: a partition that appears after the sensor starts (daily: each
-  day, as it ends; dynamic: each key added) and has never been materialized in this Dagster instance is requested
-  once. Partitions already missing at the first evaluation are not (Dagster resets the condition there): they are
-  a backfill's job (docs/launch-paths.md). A failed run is not requested again: it is retried by run retries
+  day, as it ends; dynamic: each key added; static from files: a new file's, when the code location reloads) and
+  has never been materialized in this Dagster instance is requested once. Partitions already missing at the first
+  evaluation are not (Dagster resets the condition there): they are a backfill's job (docs/launch-paths.md). Hash
+  shards and listed static keys never appear, so the spec refuses on_missing there. A failed run is not requested again: it is retried by run retries
   (dagster.yaml) or re-executed by hand.
 - `on_cron`: `AutomationCondition.on_cron(cron, timezone)`: at every tick, each partition (daily: the newest day)
   is requested once its upstream stage has updated since the tick.

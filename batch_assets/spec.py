@@ -418,7 +418,8 @@ class AutomationSpec(_Strict):
 
     condition: Literal["on_missing", "on_cron"] = Field(
         description="on_missing (Dagster's AutomationCondition.on_missing()): materialize each partition that "
-        "appears after automation is switched on, once (daily: each day as it ends; dynamic: each key added), when "
+        "appears after automation is switched on, once (daily: each day as it ends; dynamic: each key added; static "
+        "from files: each new file's, at the next code location reload), when "
         "it has never been materialized in this Dagster instance; partitions already missing at switch-on are a "
         "backfill's job. on_cron: at every tick of `cron`, request the partitions (daily: the newest day), each "
         "stage once its upstream stage has updated since the tick; already-published partitions skip every stage.",
@@ -678,7 +679,12 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                 ZoneInfo(auto.timezone or part.timezone)
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
-        elif auto.cron or auto.timezone:
+        elif part.kind == "hash" or (part.kind == "static" and part.keys):
+            problems.append(("automation.condition", "on_missing requests partitions that appear after it is "
+                             f"switched on, and this pipeline's partitions never change ({part.kind}"
+                             f"{' keys listed in the spec' if part.kind == 'static' else ' shards'}): it would "
+                             "never launch anything. Use a backfill for the partitions there are, or on_cron"))
+        if auto.condition == "on_missing" and (auto.cron or auto.timezone):
             problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
     return problems
 

@@ -13,7 +13,7 @@ import pytest
 from batch_assets.automation import automation_sensor_name
 from batch_assets.definitions import build_definitions
 from batch_assets.spec import SpecError, parse_spec
-from tests.daemon_helpers import daily_spec
+from tests.daemon_helpers import daily_spec, write_day
 
 UTC = dt.timezone.utc
 STAGES = ("raw", "prepared", "inferred", "output")
@@ -97,11 +97,29 @@ def test_on_missing_over_dynamic_partitions_requests_each_added_key_once(tmp_pat
      "unknown timezone"),
     ({"condition": "on_missing", "cron": "0 2 * * *"}, {}, "automation.cron", "cron and timezone are for on_cron"),
     ({"condition": "eager"}, {}, "automation.condition", "on_missing"),
+    ({"condition": "on_missing"}, {"partitioning": {"kind": "hash", "count": 2}}, "automation.condition",
+     "never launch anything"),
+    ({"condition": "on_missing"}, {"partitioning": {"kind": "static", "keys": ["a"]}}, "automation.condition",
+     "never launch anything"),
 ])
 def test_spec_refuses_automation_that_cannot_work(tmp_path: Path, automation, others, field, says) -> None:
     with pytest.raises(SpecError) as err:
         _spec(tmp_path, automation=automation, **others)
     assert f" {field}: " in str(err.value) and says in str(err.value), str(err.value)
+
+
+def test_on_missing_over_files_requests_a_new_file_once_after_the_code_location_reloads(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, partitioning={"kind": "static"}, automation={"condition": "on_missing"})
+    write_day(tmp_path / "data", "first")
+    with dg.instance_for_test() as instance:
+        first = dg.evaluate_automation_conditions(defs=build_definitions([spec]), instance=instance)
+        assert first.total_requested == 0  # there at switch-on: a backfill's job
+        write_day(tmp_path / "data", "second")
+        reloaded = build_definitions([spec])  # static partitions from files are listed at definitions load
+        second = dg.evaluate_automation_conditions(defs=reloaded, instance=instance, cursor=first.cursor)
+        assert _requested(second, spec) == {stage: {"second"} for stage in STAGES}
+        third = dg.evaluate_automation_conditions(defs=reloaded, instance=instance, cursor=second.cursor)
+        assert third.total_requested == 0
 
 
 def test_on_cron_requests_the_newest_day_at_each_tick_once(tmp_path: Path) -> None:
