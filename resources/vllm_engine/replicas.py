@@ -16,7 +16,8 @@ stay on one replica, whose prefix cache serves them), runs the shares concurrent
 caller's order. A replica that raises or dies fails the call with the GPU index named.
 
 Workers are `concurrent.futures.ProcessPoolExecutor(max_workers=1)` pools started with the `spawn` method (CUDA
-cannot be used in a forked child), so each replica is one long-lived process holding one engine;
+cannot be used in a forked child), so each replica is one long-lived process holding one engine. Their workers are
+not daemonic (Python >= 3.9), so vLLM may start its own EngineCore process inside each;
 `ReplicaSet.close()` (the provider's teardown) shuts them down and waits for them to exit.
 """
 

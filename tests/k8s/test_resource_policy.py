@@ -189,6 +189,11 @@ def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Pa
     # replicas inside one pod: sentence-transformers runs them (its multi-process pool), so no warning
     replicas = policy_spec(tmp_path, resources={"default": {"gpus": 2, "gpu_strategy": "replicas"}})
     assert check_gpu_strategy(replicas, resources_for_keys(replicas, ["a"])) == []
+    # the pod tells the provider to run replicas, and gets no /dev/shm volume (no NCCL between replicas)
+    config = resources_for_keys(replicas, ["a"]).k8s_config()
+    assert config["container_config"]["env"] == [{"name": INFER_GPUS_ENV, "value": "2"},
+                                                 {"name": "BATCH_GPU_STRATEGY", "value": "replicas"}]
+    assert "volume_mounts" not in config["container_config"] and "volumes" not in config["pod_spec_config"]
     # ... a provider that cannot is refused naming the ones that can (the policy check; the spec load refuses too)
     other = replicas.model_copy(update={"model": replicas.model.model_copy(update={"provider": "transformers"})})
     with pytest.raises(PipelineError, match="gpu_strategy 'replicas', but the 'transformers' provider runs one "
