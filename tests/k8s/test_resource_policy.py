@@ -247,3 +247,29 @@ def test_a_failed_step_pod_says_why_it_ended() -> None:
     disrupted = _pod_end(pod([V1PodCondition(type="DisruptionTarget", status="True", reason="PreemptionByScheduler")]))
     assert "disrupted (PreemptionByScheduler" in disrupted and "resumes from its committed chunks" in disrupted
     assert _pod_end(pod(terminated="Error")) == ""
+
+
+def test_a_replicas_step_pod_rendered_from_the_chart_tells_the_provider(tmp_path: Path) -> None:
+    """The infer Job of a 2-GPU `gpu_strategy: replicas` vLLM spec, as the chart's container context and the
+    executor compose it: 2 GPUs, BATCH_INFER_GPUS=2 and BATCH_GPU_STRATEGY=replicas reach the container (the vLLM
+    provider starts one engine per GPU from them), and no /dev/shm volume is mounted."""
+    import yaml
+
+    from tests.k8s.conftest import chart_deployment, step_job
+    from tests.k8s.stub import KubernetesJobsStub
+
+    values = yaml.safe_load((Path(__file__).parents[2] / "k8s" / "values.yaml").read_text())
+    spec = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "org/model"}},
+                     runtime={"resources": {"default": {"gpus": 2, "gpu_strategy": "replicas"}}})
+    stub = KubernetesJobsStub(tmp_path / "stub", cwd=tmp_path).start()  # for its kubeconfig; nothing is posted
+    try:
+        body = step_job(chart_deployment(stub, tmp_path / "home", settings={}, values=values), spec, "inferred", "a")
+    finally:
+        stub.stop()
+    pod = body["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env[INFER_GPUS_ENV], env["BATCH_GPU_STRATEGY"]) == ("2", "replicas")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "/dev/shm" not in [m["mountPath"] for m in container.get("volumeMounts") or []]
+    assert "dshm" not in [v["name"] for v in pod.get("volumes") or []]
