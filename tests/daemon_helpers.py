@@ -189,6 +189,12 @@ def dagster_home(home: Path, shipped: bool = False) -> Path:
         for key, value in TEST_INSTANCE_OVERRIDES.items():
             config[key] = _merged(config.get(key) or {}, value)
     (home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    # Create the instance's SQLite storages now: the webserver, the daemon and a CLI started together each create
+    # them on first use, and two at once fail with "table jobs already exists" (a sensor never ticks).
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(home)):
+        pass
     return home
 
 

@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import make_spec, read_output, run_pipeline, write_csv
-from tests.providers.conftest import llama_server  # noqa: F401  (session fixture, started only when used)
 from tests.providers.fault_proxy import FaultProxy, Reply
 
 pytestmark = pytest.mark.slow
@@ -132,7 +131,14 @@ def test_requests_metadata_counts_what_the_endpoint_saw_not_response_cache_hits(
     with FaultProxy(plain_word_for({f"company{i}" for i in range(6)})) as proxy:
         spec = _spec(tmp_path, proxy, rows=6, response_cache=True)
         first = run_pipeline(spec, tmp_path / "store", ["day1"])
-        second = run_pipeline(spec, tmp_path / "store", ["day1"])  # every answer from the response cache
+        # A plain rerun would skip the partition (its lineage record matches: no read, no model call); forced, it
+        # infers again and every answer comes from the response cache.
+        from batch_assets.lineage import RERUN_TAG
+        from tests.conftest import pipeline_definitions
+
+        job = pipeline_definitions(spec, tmp_path / "store").resolve_job_def(f"{spec.name}_job")
+        second = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(),
+                                        tags={"dagster/partition": "day1", RERUN_TAG: "force"})
 
     def infer_md(result) -> dict:
         return next(e.event_specific_data.materialization.metadata for e in result.all_events
