@@ -78,6 +78,12 @@ class SentenceTransformerEmbedder(ModelResource):
             self._pool = model.start_multi_process_pool(target_devices=devices)
         return model
 
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if self._pool is not None:  # gpu_strategy replicas: one model copy per device
+            out["replica_devices"] = ",".join(map(str, self.pool_devices()))
+        return out
+
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._pool is not None:
             self.loaded.stop_multi_process_pool(self._pool)  # the workers exit before the step ends

@@ -179,6 +179,9 @@ class VLLMEngineProvider(ModelResource):
             out["max_model_len"] = self.max_model_len
         if self.active_lora():
             out["lora"] = self.active_lora()
+        if isinstance(self._model, ReplicaSet):  # gpu_strategy replicas: one engine per GPU
+            out.update(tensor_parallel_size=1, replicas=len(self._model.replicas),
+                       replica_gpus=",".join(r.device for r in self._model.replicas))
         if self._api is not None:
             out["vllm_version"] = self._api.version
         return out

@@ -63,6 +63,8 @@ def test_vllm_replicas_one_engine_process_per_gpu_rows_split_and_returned_in_ord
     provider = VLLMEngineProvider(model="Qwen/Qwen2.5-0.5B-Instruct", vllm_api=STANDIN_API).load_for_tests()
     replicas = provider.loaded
     assert isinstance(replicas, ReplicaSet)
+    described = provider.describe()  # recorded on the infer asset
+    assert (described["replicas"], described["replica_gpus"], described["tensor_parallel_size"]) == (3, "0,1,2", 1)
     chunks = [conversations(12, 0), conversations(12, 12), conversations(5, 24)]  # a multi-chunk partition
     results = [provider.generate(chunk, GenerationParams(max_new_tokens=8)) for chunk in chunks]
     for chunk, generated in zip(chunks, results):  # every row answered, on its own row
@@ -170,7 +172,7 @@ def test_sentence_transformers_replicas_pool_vectors_equal_one_process(monkeypat
         # the vectors must come from the workers: this process's copy of the model refuses to encode
         monkeypatch.setattr(pooled.loaded, "_inference", lambda *a, **k: pytest.fail("encoded in the step's process"))
         vectors = pooled.embed(texts)
-        assert pooled.chunks_in_flight(64) == 1
+        assert pooled.chunks_in_flight(64) == 1 and pooled.describe()["replica_devices"] == "cpu,cpu"
     finally:
         pooled.teardown_after_execution(dg.build_init_resource_context())
     assert all(gone(pid) for pid in pids)  # the workers stopped at teardown
