@@ -172,7 +172,8 @@ class ReplicaSet:
         return np.concatenate(self._run_all(calls, "failed on its share of the chunk"), axis=0)
 
     def get_tokenizer(self) -> Any:
-        """The model's tokenizer, fetched once from the first replica (vLLM's LLM.get_tokenizer())."""
+        """The model's tokenizer, fetched once from the first replica (vLLM's LLM.get_tokenizer(); its cached
+        tokenizer wrapper pickles through `__reduce__` -> get_cached_tokenizer). Not exercised by the stand-in."""
         if self._tokenizer is None:
             (self._tokenizer,) = self._run_all([(self.replicas[0], _tokenizer, ())], "could not give its tokenizer")
         return self._tokenizer
