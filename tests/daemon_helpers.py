@@ -278,14 +278,14 @@ def wait_ready(port: int, proc: subprocess.Popen, log: Path, seconds: float = 12
     raise AssertionError("dagster dev did not become ready:\n" + log_tail(log))
 
 
-def wait_for(what: str, check: Callable[[], T], log: Path, seconds: float, interval: float = 2,
+def wait_for(what: str, check: Callable[[], T], log: Path | None, seconds: float, interval: float = 2,
              diagnose: Callable[[], str] = str) -> T:
     """Poll `check` until it returns something truthy; that. On timeout fail with `diagnose()` (say, the failed
-    Kubernetes Jobs' output) and the server log's tail."""
+    Kubernetes Jobs' output) and the server log's tail (when there is a server log)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         found = check()
         if found:
             return found
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}:\n{diagnose()}\n" + log_tail(log, 4000))
+    raise AssertionError(f"timed out waiting for {what}:\n{diagnose()}\n" + (log_tail(log, 4000) if log else ""))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.daemon_helpers import wait_for
 from tests.k8s.stub import IMAGE_ENV, KubernetesJobsStub, Node
 
 NS = "batch"
@@ -36,13 +37,7 @@ def _job(name: str, script: str, resources: dict | None = None, pod: dict | None
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(what, check, None, timeout, interval=0.1)
 
 
 def _pod(core, name: str):

@@ -19,7 +19,6 @@ What a platform engineer would meet on first contact, each checked here:
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -28,6 +27,7 @@ import pytest
 import yaml
 
 from tests.conftest import DAEMON_GROUP, write_jsonl
+from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
 from tests.k8s.models import rows_paid
 from tests.k8s.stub import CPU_NODE, IMAGE_ENV, KubernetesJobsStub, Node
@@ -83,13 +83,7 @@ def _deploy(tmp_path: Path, cluster: KubernetesJobsStub, spec: dict, monkeypatch
 
 
 def _wait(what: str, check, cluster: KubernetesJobsStub, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}\n{cluster.failures()}")
+    return wait_for(what, check, None, timeout, interval=0.5, diagnose=cluster.failures)
 
 
 def _finished(instance: dg.DagsterInstance, run_id: str, cluster: KubernetesJobsStub) -> dg.DagsterRun:
