@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import dagster as dg
@@ -27,7 +27,7 @@ from batch_assets import lineage
 from batch_assets.lineage import stage_code_version
 from batch_assets.locks import partition_lock
 from batch_assets.partitions import partitions_def_for
-from batch_assets.pools import infer_pool, record_infer_process, release_dead_slots
+from batch_assets.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
 from batch_assets.prepare import run_prepare
 from batch_assets.progress import PartitionProgress
 from batch_assets.report import PartitionReport, counter_delta, partition_metadata, preview_of, run_totals
@@ -428,7 +428,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             report.preview = preview_of(report.path, [*preview_cols, *produced][:10])
             return report
 
-        reports = run_partitions(context, spec, one)
+        pool = infer_pool(spec)
+        with host_pool_slot(context.instance, pool, context.log) if pool else nullcontext():
+            reports = run_partitions(context, spec, one)
         # Error samples are per partition (in each partition's metadata, added by `one`): run-level metadata is
         # merged into every partition's event, so a run-wide list here would show one day's rows on every day.
         if spec.evaluation is not None:  # partitions skipped as already made are scored from their file

@@ -18,6 +18,7 @@ one slot for its whole duration.
 
 from __future__ import annotations
 
+import contextlib
 from urllib.parse import urlparse
 
 from batch_assets.spec import PipelineSpec
@@ -176,3 +177,63 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main())
+
+
+# Dagster claims a pool slot with `SELECT ... FOR UPDATE SKIP LOCKED` and then an UPDATE of that row with no guard
+# that it is still free. PostgreSQL locks the row; SQLite (the embedded default) ignores FOR UPDATE, so two steps
+# claiming within milliseconds can both get the last slot (seen with two launches 3 ms apart). Every process of a
+# SQLite instance runs on one host (the database is a local file), so on SQLite the infer step also takes one of
+# the pool's slots as an OS file lock under the instance's directory: at most `slot_count` infer steps of the pool
+# run at once, whatever the database granted. A killed process's lock is released by the OS with it.
+_LOCK_POLL_S = 0.5
+HOST_SLOT_MESSAGE = "SQLite instance: this infer step holds host slot"
+
+
+def _sqlite_lock_dir(instance) -> "str | None":
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+    storage = instance.event_log_storage
+    if not isinstance(storage, SqliteEventLogStorage):
+        return None
+    import os
+
+    return os.path.join(instance.root_directory, "batch_pool_locks")
+
+
+@contextlib.contextmanager
+def host_pool_slot(instance, pool: str, log=None):
+    """Hold one of `pool`'s slots as a host file lock for the block when the instance stores runs in SQLite (see
+    above); does nothing on PostgreSQL, whose slot claim is already exclusive."""
+    import os
+    import time
+
+    import filelock
+
+    lock_dir = _sqlite_lock_dir(instance)
+    if lock_dir is None:
+        yield
+        return
+    os.makedirs(lock_dir, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in pool)
+    said = False
+    while True:
+        slots = max(1, instance.event_log_storage.get_concurrency_info(pool).slot_count or 1)
+        for i in range(slots):
+            lock = filelock.FileLock(os.path.join(lock_dir, f"{safe}.{i}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                continue
+            if log is not None:
+                log.debug(f"{HOST_SLOT_MESSAGE} {i + 1} of {slots} of pool {pool!r}")
+            try:
+                yield
+            finally:
+                lock.release()
+            return
+        if not said and log is not None:
+            log.warning(f"Pool {pool!r}: the SQLite instance granted this step a slot that another infer step on "
+                        f"this host still holds (Dagster's slot claim is not exclusive on SQLite); waiting for it "
+                        f"to finish (batch_assets/pools.py)")
+            said = True
+        time.sleep(_LOCK_POLL_S)

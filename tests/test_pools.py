@@ -163,3 +163,46 @@ def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
         assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots
         assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
     assert "held by: none" in pools("status", pool)
+
+
+def _hold_slot(instance_ref, pool: str, hold_s: float, out: str) -> None:
+    """One infer step's use of the pool, in its own process: when it got the slot and when it let go."""
+    import time
+
+    from batch_assets.pools import host_pool_slot
+
+    instance = dg.DagsterInstance.from_ref(instance_ref)
+    with host_pool_slot(instance, pool):
+        start = time.time()
+        time.sleep(hold_s)
+        end = time.time()
+    Path(out).write_text(f"{start} {end}")
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp_path: Path, slots: int) -> None:
+    """Dagster's slot claim is not exclusive on SQLite (FOR UPDATE is ignored: two claims milliseconds apart can
+    both get the last slot), so on SQLite the infer step also holds a host lock per slot (pools.host_pool_slot).
+    Three processes enter at once: with one slot they take turns; with two, two overlap and the third waits."""
+    import multiprocessing
+
+    with dg.DagsterInstance.from_config(str(_home(tmp_path))) as instance:
+        instance.event_log_storage.set_concurrency_slots("gpu", slots)
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_hold_slot, args=(instance.get_ref(), "gpu", 1.5, str(tmp_path / f"{i}.txt")))
+                 for i in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    spans = sorted(tuple(map(float, (tmp_path / f"{i}.txt").read_text().split())) for i in range(3))
+    overlapping = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert overlapping == slots, spans
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return home
