@@ -3,7 +3,7 @@ pipelines declared as Dagster Components under batch_assets/defs/ (`BatchInferen
 
 Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several) instead of both
 built-in places (tests and deployments that bring their own pipelines). BATCH_EXECUTOR chooses the local
-executor (batch_assets/executors.py).
+executor (batch_assets/orchestration/executors.py).
 
 Each spec is loaded and built on its own: a broken spec (invalid YAML or fields, a duplicate name, a source that
 cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
@@ -13,7 +13,7 @@ defs` (and `dagster definitions validate`, which set DAGSTER_IS_DEFS_VALIDATION_
 instead, listing every broken file and its error, so the command exits non-zero and a CI gate catches it.
 
 Set BATCH_EXECUTOR=k8s to run every step as a Kubernetes Job, infer steps sized per partition
-(batch_assets/k8s_executor.py, docs/deployment.md).
+(batch_assets/orchestration/k8s_executor.py, docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.executors import local_executor
-from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
-from batch_assets.launch import launch_definitions
+from batch_assets.orchestration.executors import local_executor
+from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import ArrowStorage
 
@@ -134,11 +134,11 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
         name = _asset_name(b.origin)
         names.append(name if name not in names else f"{name}_{len(names)}")
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
-        from batch_assets.k8s_executor import batch_k8s_executor
+        from batch_assets.orchestration.k8s_executor import batch_k8s_executor
 
         executor = batch_k8s_executor(specs)
     else:
-        executor = local_executor()  # in_process by default; see batch_assets/executors.py
+        executor = local_executor()  # in_process by default; see batch_assets/orchestration/executors.py
     shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
     return dg.Definitions.merge(shared, *per_pipeline)

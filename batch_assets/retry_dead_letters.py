@@ -1,7 +1,7 @@
 """Retry a partition's dead letters: `python -m batch_assets.retry_dead_letters PIPELINE PARTITION`.
 
 Only the rows that failed (and whose input is not empty) go to the model again; good rows are kept as they are, and
-the output and its dead letters are republished atomically (see batch_assets.dead_letters). The model resource is
+the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model resource is
 built from the pipeline's spec exactly as Dagster builds it, `{env: NAME}` secrets included. With DAGSTER_HOME set,
 the new output is recorded as a materialization of `<pipeline>/output` for the partition.
 """
@@ -16,9 +16,9 @@ import dagster as dg
 
 
 def main(argv: list[str] | None = None) -> int:
-    from batch_assets.dead_letters import retry_partition
     from batch_assets.definitions import load_all_specs
-    from batch_assets.factory import build_model_resource
+    from batch_assets.orchestration.factory import build_model_resource
+    from batch_assets.reliability.dead_letters import retry_partition
     from batch_assets.storage import ArrowStorage
 
     parser = argparse.ArgumentParser(prog="python -m batch_assets.retry_dead_letters", description=__doc__.split("\n")[0])

@@ -1,7 +1,7 @@
 """A pipeline declared once: source, partitioning, preparation, task, model and sink.
 
 Specs are YAML files validated by pydantic (typed, with field paths in every error) and turned into Dagster
-assets by `factory.py`. We chose pydantic + YAML over a Dagster component because a spec must also be readable
+assets by `orchestration/factory.py`. We chose pydantic + YAML over a Dagster component because a spec must also be readable
 outside a Dagster process (the demo driver, benchmarks, tests) and because pydantic's validators let us cross-check
 fields (template columns against source columns, task against provider capability) at definition load.
 """
@@ -16,9 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from batch_assets.secrets import literal_secret_problem, literal_secrets
 from resources.protocols import supports
 from resources.registry import PROVIDERS, provider_class
+from resources.secrets import literal_secret_problem, literal_secrets
 from resources.structured import StructuredOutput
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -227,7 +227,7 @@ class Toleration(_Strict):
 def _check_quantity(value: str | None, field: str) -> str | None:
     if value is None:
         return None
-    from batch_assets.resource_policy import parse_quantity
+    from batch_assets.orchestration.resource_policy import parse_quantity
 
     parse_quantity(value, field)
     return value
@@ -328,7 +328,7 @@ class RuntimeSpec(_Strict):
     response_cache: bool = Field(
         default=False,
         description="Keep every successful model answer under <storage root>/_cache, keyed by model, parameters and "
-        "prepared input, and reuse it in any later run, partition or pipeline (batch_assets/cache.py).",
+        "prepared input, and reuse it in any later run, partition or pipeline (batch_assets/reliability/cache.py).",
     )
     resources: InferResourcePolicy = Field(
         default_factory=lambda: InferResourcePolicy(),
@@ -340,7 +340,7 @@ class RuntimeSpec(_Strict):
         default=None,
         description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
         "per external endpoint ('endpoint:<host>'), 'gpu' when any partition asks for a GPU, else none "
-        "(batch_assets/pools.py).",
+        "(batch_assets/orchestration/pools.py).",
     )
     progress_every_s: float = Field(
         default=10.0,
@@ -381,7 +381,7 @@ class BackfillSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    """daily partitioning only: each tick materializes the newest complete day (see batch_assets/schedules.py)."""
+    """daily partitioning only: each tick materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
 
     cron: str = Field(default="30 1 * * *", description="When ticks fire, a cron string (default 01:30 daily).")
     timezone: str | None = Field(default=None, description="Timezone of the cron (default: partitioning.timezone).")
@@ -390,7 +390,7 @@ class ScheduleSpec(_Strict):
 
 
 class SensorSpec(_Strict):
-    """Watch source.path ({partition} as the wildcard) for new or rewritten files (see batch_assets/sensors.py)."""
+    """Watch source.path ({partition} as the wildcard) for new or rewritten files (see batch_assets/orchestration/sensors.py)."""
 
     ready: Literal["min_age", "marker"] = Field(
         default="min_age",
@@ -412,7 +412,7 @@ class SensorSpec(_Strict):
 
 
 class AutomationSpec(_Strict):
-    """Dagster's declarative automation on the pipeline's four assets (see batch_assets/automation.py): an
+    """Dagster's declarative automation on the pipeline's four assets (see batch_assets/orchestration/automation.py): an
     automation sensor evaluates the condition and launches what it asks for. Lineage records still make every run
     skip a partition already made from the same source and spec, so a requested run never pays twice."""
 
@@ -552,7 +552,7 @@ class PipelineSpec(_Strict):
                              "own in the source metadata: use partitions overrides instead"))
         policy = self.runtime.resources
         if any(r.gpu_strategy == "replicas" for r in (policy.default, *policy.partitions.values(), *policy.by_size)):
-            from batch_assets.resource_policy import replicas_problem
+            from batch_assets.orchestration.resource_policy import replicas_problem
 
             problem = replicas_problem(self.model.provider, self.model.config)
             if problem is not None:

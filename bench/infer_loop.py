@@ -36,9 +36,9 @@ def _docs(n: int) -> list[dict]:
 
 def _setup(repo: Path, rows: list[dict], spec_changes: dict):
     sys.path.insert(0, str(repo))
-    from batch_assets.prepare import run_prepare
-    from batch_assets.sources import run_read
     from batch_assets.spec import parse_spec
+    from batch_assets.stages.prepare import run_prepare
+    from batch_assets.stages.read import run_read
     from batch_assets.storage import ArrowStorage
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-infer-"))
@@ -61,7 +61,7 @@ def _setup(repo: Path, rows: list[dict], spec_changes: dict):
 
 
 def _infer_once(spec, storage) -> float:
-    from batch_assets.infer import InferStats, run_infer
+    from batch_assets.stages.infer import InferStats, run_infer
 
     provider = _infer_once.provider  # type: ignore[attr-defined]
     start, cpu = time.perf_counter(), time.process_time()

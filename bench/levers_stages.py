@@ -26,9 +26,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from batch_assets import factory, prepare, sink, sources
+    from batch_assets.orchestration import factory
     from batch_assets.partitions import hash_shard_keys
     from batch_assets.spec import parse_spec
+    from batch_assets.stages import prepare, read, write
     from batch_assets.storage import ArrowStorage
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-stages-"))
@@ -43,7 +44,7 @@ def main() -> None:
     })
     storage = ArrowStorage(root=str(tmp / "store"))
     keys = hash_shard_keys(args.shards)
-    read_many = getattr(sources, "run_read_shards", None)
+    read_many = getattr(read, "run_read_shards", None)
     times: dict[str, list[float]] = {"read": [], "prepare": [], "write": []}
     for _ in range(args.repeats):
         shutil.rmtree(tmp / "store", ignore_errors=True)
@@ -52,7 +53,7 @@ def main() -> None:
             read_many(spec, storage, keys)
         else:
             for k in keys:
-                sources.run_read(spec, storage, k)
+                read.run_read(spec, storage, k)
         t1 = time.perf_counter()
         for k in keys:
             prepare.run_prepare(spec, storage, k)
@@ -64,7 +65,7 @@ def main() -> None:
             shutil.copy(src, dst)
         t3 = time.perf_counter()
         for k in keys:
-            sink.run_write(spec, storage, k)
+            write.run_write(spec, storage, k)
         t4 = time.perf_counter()
         times["read"].append(t1 - t0)
         times["prepare"].append(t2 - t1)

@@ -57,12 +57,12 @@ def child(data: str, store: str, trace: bool) -> None:
 
     import dagster as dg
 
-    from batch_assets.factory import build_model_resource
-    from batch_assets.infer import InferStats, run_infer
-    from batch_assets.prepare import run_prepare
-    from batch_assets.sink import run_write
-    from batch_assets.sources import run_read
+    from batch_assets.orchestration.factory import build_model_resource
     from batch_assets.spec import parse_spec
+    from batch_assets.stages.infer import InferStats, run_infer
+    from batch_assets.stages.prepare import run_prepare
+    from batch_assets.stages.read import run_read
+    from batch_assets.stages.write import run_write
     from batch_assets.storage import ArrowStorage
 
     spec = parse_spec(spec_dict(Path(data)))

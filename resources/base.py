@@ -23,7 +23,7 @@ LOAD_COUNTS: Counter[str] = Counter()
 
 
 # The batch Kubernetes executor sets this on the infer container to the GPUs the step's pod was given
-# (batch_assets/resource_policy.py); unset outside Kubernetes.
+# (batch_assets/orchestration/resource_policy.py); unset outside Kubernetes.
 INFER_GPUS_ENV = "BATCH_INFER_GPUS"
 # ... and, when it has several GPUs, how to use them: 'tensor_parallel' (one model over all) or 'replicas' (one
 # model copy per GPU; providers that run replicas read it at load).
@@ -76,7 +76,7 @@ class ModelResource(dg.ConfigurableResource):
     def secret_values(self) -> list[str]:
         """Values that must never appear in an error or a log line: secret-named fields and every variable a
         nested `{env: NAME}` refers to."""
-        from batch_assets.secrets import env_secret_values, is_secret_name
+        from resources.secrets import env_secret_values, is_secret_name
 
         values: list[str] = []
         for name in type(self).model_fields:
@@ -90,7 +90,7 @@ class ModelResource(dg.ConfigurableResource):
     def config_value(self, name: str) -> Any:
         """A dict/list field with its nested `{env: NAME}` references read from the environment (at load time, in
         the run's process: the value never reaches the config Dagster stores and shows)."""
-        from batch_assets.secrets import resolve_env_refs
+        from resources.secrets import resolve_env_refs
 
         return resolve_env_refs(getattr(self, name), f"model.config.{name}")
 
@@ -109,7 +109,7 @@ class ModelResource(dg.ConfigurableResource):
         except ImportError:
             raise
         except Exception as exc:  # re-raised with the model named (and secrets masked): a failed load fails the step
-            from batch_assets.secrets import scrub
+            from resources.secrets import scrub
 
             message = scrub(f"{type(self).__name__} could not load model {self.model_name()!r}: {exc}",
                             self.secret_values())

@@ -271,7 +271,7 @@ def pipeline_definitions(spec: PipelineSpec, root: Path | str):
     """The pipeline's Definitions with its storage rooted at `root`."""
     import dagster as dg
 
-    from batch_assets.factory import STORAGE_KEY, build_pipeline_definitions
+    from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
     from batch_assets.storage import ArrowStorage
 
     return dg.Definitions.merge(
@@ -297,7 +297,7 @@ def run_pipeline(spec: PipelineSpec, root: Path | str, keys: list[str], instance
 def read_output(spec: PipelineSpec, root: Path | str, key: str):
     import pyarrow.parquet as pq
 
-    from batch_assets.sink import sink_url
+    from batch_assets.stages.write import sink_url
     from batch_assets.storage import ArrowStorage
 
     return pq.read_table(sink_url(spec, ArrowStorage(root=str(root)), key))

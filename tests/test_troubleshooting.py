@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, pipeline_definitions, run_pipeline, write_jsonl
-from tests.test_lancedb import LANCE_SINK
+from tests.stages.test_lancedb import LANCE_SINK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_lancedb_table_with_other_columns_is_refused_with_the_fix(tmp_path: Path
     db = tmp_path / "vectors"
     first = make_spec(EMBED_SPEC, tmp_path / "data", sink={**LANCE_SINK, "path": str(db)})
     assert run_pipeline(first, tmp_path / "store", ["a"]).success
-    from batch_assets import lance_sink
+    from batch_assets.stages.sinks import lancedb as lance_sink
 
     version = lance_sink.connect(str(db)).open_table("docs_vectors").version
     changed = make_spec(EMBED_SPEC, tmp_path / "data",

@@ -14,8 +14,8 @@ import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
 from pydantic import BaseModel
 
-from batch_assets.factory import build_pipeline_definitions
-from batch_assets.launch import launch_definitions
+from batch_assets.orchestration.factory import build_pipeline_definitions
+from batch_assets.orchestration.launch import launch_definitions
 from batch_assets.spec import NAME_RE, PipelineSpec
 
 

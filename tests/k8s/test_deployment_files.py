@@ -53,7 +53,7 @@ def test_generated_infer_step_job_validates(tmp_path: Path) -> None:
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
 
-    from batch_assets.resource_policy import resources_for_keys
+    from batch_assets.orchestration.resource_policy import resources_for_keys
     from tests.conftest import EMBED_SPEC, make_spec
 
     spec = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {

@@ -24,7 +24,7 @@ def test_selected_by_batch_executor_env(tmp_path: Path, monkeypatch: pytest.Monk
 def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
     from dagster_k8s import k8s_job_executor
 
-    from batch_assets.k8s_executor import batch_k8s_executor
+    from batch_assets.orchestration.k8s_executor import batch_k8s_executor
 
     ours = batch_k8s_executor([make_spec(EMBED_SPEC, tmp_path)]).config_schema.config_type.fields
     upstream = k8s_job_executor.config_schema.config_type.fields
@@ -32,8 +32,8 @@ def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
 
 
 def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
-    from batch_assets.factory import build_pipeline_assets
-    from batch_assets.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+    from batch_assets.orchestration.factory import build_pipeline_assets
+    from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 
     assets = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 2}))}
     infer = assets["inferred"]
@@ -47,7 +47,7 @@ def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
     assert cpu_only["inferred"].op.pool is None
 def test_pipelines_built_by_a_component_are_known_to_the_executor(tmp_path: Path) -> None:
     from batch_assets.components.pipeline import BatchInferencePipeline
-    from batch_assets.resource_policy import built_spec
+    from batch_assets.orchestration.resource_policy import built_spec
 
     spec = make_spec(EMBED_SPEC, tmp_path, name="docs_component", runtime={"gpus": 1})
     BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory

@@ -1,7 +1,7 @@
 """Pipelines whose requests really go over HTTP to an OpenAI-compatible endpoint on loopback (the fault proxy
 answering by itself and recording every body): `constraint_backend: vllm` as a vLLM server receives it, and image
 columns as the OpenAI provider sends them. The unit tests of the request builders (test_openai_requests.py) and
-the infer stage's seam (test_multimodal_pipeline.py) stop short of the wire; these do not."""
+the infer stage's seam (tests/stages/test_multimodal_pipeline.py) stop short of the wire; these do not."""
 
 from __future__ import annotations
 

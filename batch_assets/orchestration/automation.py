@@ -1,0 +1,59 @@
+"""Dagster's declarative automation for a pipeline whose spec has an `automation:` section.
+
+The condition goes on all four assets (`raw`, `prepared`, `inferred`, `output`), and one automation sensor per
+pipeline (`<name>_automation_sensor`, an AutomationConditionSensorDefinition over the pipeline's asset group)
+evaluates them. In one evaluation each stage's condition sees that its upstream stage is requested too, so a
+partition is requested at every stage at once and the sensor launches it as one run (or, with the spec's
+`backfill.policy: single_run`, one backfill run for all partitions requested together):
+
+- `on_missing`: `AutomationCondition.on_missing()`: a partition that appears after the sensor starts (daily: each
+  day, as it ends; dynamic: each key added; static from files: a new file's, when the code location reloads) and
+  has never been materialized in this Dagster instance is requested once. Partitions already missing at the first
+  evaluation are not (Dagster resets the condition there): they are a backfill's job (docs/launch-paths.md). Hash
+  shards and listed static keys never appear, so the spec refuses on_missing there. A failed run is not requested again: it is retried by run retries
+  (dagster.yaml) or re-executed by hand.
+- `on_cron`: `AutomationCondition.on_cron(cron, timezone)`: at every tick, each partition (daily: the newest day)
+  is requested once its upstream stage has updated since the tick.
+
+Dagster's conditions know only what the instance has seen materialized, not whether a partition was already made
+from the same source file and spec elsewhere (a CLI run against another instance, a rewritten file). That is
+what the lineage records are for (batch_assets/orchestration/lineage.py): a run the automation sensor launches for a partition
+already made from the same source and spec skips every stage, without a model call, like any other launch path.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from batch_assets.spec import PipelineSpec
+
+
+def automation_condition(spec: PipelineSpec) -> dg.AutomationCondition | None:
+    """The condition the spec's `automation:` section asks for, for each of the pipeline's assets."""
+    auto = spec.automation
+    if auto is None:
+        return None
+    if auto.condition == "on_missing":
+        return dg.AutomationCondition.on_missing()
+    assert auto.condition == "on_cron" and auto.cron  # checked by the spec
+    return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or spec.partitioning.timezone)
+
+
+def automation_sensor_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}_automation_sensor"
+
+
+def build_automation_sensor(spec: PipelineSpec) -> dg.AutomationConditionSensorDefinition | None:
+    """The sensor that evaluates the pipeline's conditions (the daemon runs it, like any sensor)."""
+    auto = spec.automation
+    if auto is None:
+        return None
+    return dg.AutomationConditionSensorDefinition(
+        automation_sensor_name(spec),
+        target=dg.AssetSelection.groups(spec.name),
+        default_status=dg.DefaultSensorStatus.RUNNING if auto.running else dg.DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=auto.interval_seconds,
+        run_tags={"batch/launched_by": "automation"},
+        description=f"Declarative automation of {spec.name}: {auto.condition}"
+        + (f" ({auto.cron}, {auto.timezone or spec.partitioning.timezone})" if auto.cron else "") + ".",
+    )

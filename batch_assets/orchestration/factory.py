@@ -1,0 +1,485 @@
+"""Turns a PipelineSpec into four partitioned assets (read -> prepare -> infer -> write) plus checks.
+
+The factory only wires: each stage's logic lives in its own module and is called once per partition of the run
+(batch_assets/stages/: `read.run_read`, `prepare.run_prepare`, `infer.run_infer`, `write.run_write`), returning a `PartitionReport`.
+All four assets share one partitions definition and the spec's backfill policy (`single_run` by default: a backfill
+or a `--partition-range` run processes its partitions in one run, so the infer step loads the model once), its
+step retry policy, and a `code_version` per stage derived from the spec sections that stage depends on.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from typing import Any
+
+import dagster as dg
+
+from batch_assets.errors import PipelineError
+from batch_assets.orchestration import evaluation, lineage
+from batch_assets.orchestration.automation import automation_condition
+from batch_assets.orchestration.checks import blocking_check_results, blocking_check_specs
+from batch_assets.orchestration.lineage import stage_code_version
+from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
+from batch_assets.orchestration.progress import PartitionProgress
+from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, remember_spec
+from batch_assets.orchestration.sample_data import ensure_sample
+from batch_assets.partitions import partitions_def_for
+from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
+from batch_assets.reliability.locks import partition_lock
+from batch_assets.spec import PipelineSpec
+from batch_assets.stages.infer import InferStats, run_infer
+from batch_assets.stages.prepare import run_prepare
+from batch_assets.stages.read import run_read, run_read_shards
+from batch_assets.stages.report import PartitionReport, counter_delta, partition_metadata, preview_of, run_totals
+from batch_assets.stages.write import run_write
+from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
+from resources.base import resolve_device
+from resources.errors import ModelLoadError
+from resources.registry import provider_class
+from resources.secrets import resource_config
+
+# BackfillPolicy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
+warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_policy.*")
+
+STAGES = ("raw", "prepared", "inferred", "output")
+STORAGE_KEY = "storage"
+PROVIDER_KINDS = {
+    "sentence_transformers": {"pytorch", "huggingface"},
+    "transformers": {"pytorch", "huggingface"},
+    "openai": {"openai"},
+    "vllm": {"vllm"},
+}
+
+
+def model_resource_key(spec: PipelineSpec) -> str:
+    return f"{spec.name}_model"
+
+
+def build_model_resource(spec: PipelineSpec) -> dg.ConfigurableResource:
+    """The provider resource from the spec; {env: NAME} references are resolved at run time (resources.secrets)."""
+    return provider_class(spec.model.provider)(**resource_config(spec.model.config))
+
+
+def step_retry_policy(spec: PipelineSpec) -> dg.RetryPolicy | None:
+    """Retries with backoff for transient failures; `run_partitions` turns bad input into a non-retryable Failure."""
+    r = spec.retries
+    if not r.max_retries:
+        return None
+    return dg.RetryPolicy(
+        max_retries=r.max_retries,
+        delay=r.delay_seconds,
+        backoff=dg.Backoff.EXPONENTIAL if r.backoff == "exponential" else dg.Backoff.LINEAR,
+        jitter=dg.Jitter.PLUS_MINUS if r.jitter and r.delay_seconds else None,
+    )
+
+
+def backfill_policy(spec: PipelineSpec) -> dg.BackfillPolicy:
+    if spec.backfill.policy == "multi_run":
+        return dg.BackfillPolicy.multi_run(max_partitions_per_run=spec.backfill.max_partitions_per_run)
+    return dg.BackfillPolicy.single_run()
+
+
+def run_partitions(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport],
+    stage: str | None = None,
+) -> list[PartitionReport]:
+    """Run one stage over every partition of the run, in order; each partition gets its own metadata (also in a
+    single-run backfill, so the partition view and the plots are per partition).
+
+    Each partition's stage runs under the partition's lock (batch_assets.reliability.locks): two runs of one partition at once
+    take turns instead of interleaving.
+
+    Each partition's file is committed atomically as it finishes, so when partition k fails, 1..k-1 are complete:
+    they are recorded as materialized (one AssetMaterialization each) before the step fails, and re-executing the
+    backfill from failure (or backfilling missing partitions) only does what is left. Bad input (PipelineError) is
+    located (pipeline, partition) and fails without retries: rerunning cannot fix it. Anything else (network,
+    worker loss) fails the step normally, so the step's RetryPolicy retries it with backoff.
+    """
+    reports: list[PartitionReport] = []
+    keys = context.partition_keys
+    storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+    root = storage.resolved_root()
+    stage = stage or context.asset_key.path[-1]
+    for key in keys:
+        try:
+            with partition_lock(root, spec.name, stage, key, on_wait=context.log.info):
+                report = _skip_or_run(context, spec, storage, stage, key, stage_fn)
+        except PipelineError as exc:
+            _record_finished(context, reports, failed_key=key)
+            located = exc.located(pipeline=spec.name, partition=key)
+            if exc.retryable:  # a stage that knows its failure is transient says so
+                raise located from None
+            raise dg.Failure(
+                description=str(located),
+                metadata={"pipeline": spec.name, "partition": key, "file": located.file or "",
+                          "column": located.column or "", "row": str(located.row or "")},
+                allow_retries=False,
+            ) from located
+        except BaseException:
+            _record_finished(context, reports, failed_key=key)
+            raise
+        if report.schema is None and report.path.endswith(".parquet"):
+            report.schema = parquet_schema(report.path)
+        reports.append(report)
+        # every partition its own metadata, also in a single-run backfill: per-partition views and plots
+        context.add_asset_metadata(partition_metadata(report), partition_key=key)
+    return reports
+
+
+def _force_rerun(context: dg.AssetExecutionContext) -> bool:
+    return context.run.tags.get(lineage.RERUN_TAG) == lineage.FORCE
+
+
+def _skipped_report(spec: PipelineSpec, stage: str, key: str, record: dict[str, Any]) -> PartitionReport:
+    note = (f"skipped: this partition was already made by {lineage.describe(record)} from the same source files "
+            f"and spec; nothing was {'inferred' if stage == 'inferred' else 'redone'} (tag the run "
+            f"{lineage.RERUN_TAG}={lineage.FORCE} to redo it)")
+    extra = {**record.get("extra", {}), "skipped": note, "made_by_run": str(record.get("run_id", ""))}
+    for work in ("tokens_in", "tokens_out", "requests", "cost_usd", "cache_hits", "cache_misses"):
+        if work in extra:  # nothing was sent this time: the original run's counts stay on its own event
+            extra[work] = 0.0 if work == "cost_usd" else 0
+    rows = int(record.get("rows", 0))
+    return PartitionReport(key, rows, rows, 0.0, str(record["path"]), extra)
+
+
+def _skip_or_run(context: dg.AssetExecutionContext, spec: PipelineSpec, storage: ArrowStorage, stage: str,
+                 key: str, stage_fn: Callable[[str], PartitionReport]) -> PartitionReport:
+    """The stage for one partition, unless the partition was already made from the same inputs (lineage.py):
+    then a report of what is there, and no work. Called under the partition's lock."""
+    inputs = lineage.inputs_for(spec, storage, stage, key, stage_code_version(spec, stage))
+    record = None if _force_rerun(context) else lineage.matching(storage, spec.name, stage, key, inputs)
+    if record is not None:
+        context.log.info(f"{spec.name}/{stage} [{key}]: already made by {lineage.describe(record)} from the same "
+                         f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes it)")
+        return _skipped_report(spec, stage, key, record)
+    lineage.forget(storage, spec.name, stage, key)
+    report = stage_fn(key)
+    lineage.write_record(storage, spec.name, stage, key,
+                         lineage.new_record(inputs, context.run_id, report.path, report.rows_out, report.extra))
+    return report
+
+
+def _free_dead_pool_slots(context: dg.AssetExecutionContext, spec: PipelineSpec) -> None:
+    """Before the infer step asks for its pool slot: free slots held by runs that are gone (a killed CLI run's
+    slot is never freed otherwise) and say who holds a slot this run will wait for (batch_assets/orchestration/pools.py)."""
+    pool = infer_pool(spec)
+    if pool:
+        release_dead_slots(context.instance, pool, own_run_id=context.run_id, log=context.log)
+
+
+def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionReport], failed_key: str) -> None:
+    for report in reports:
+        context.log_event(dg.AssetMaterialization(
+            asset_key=context.asset_key,
+            partition=report.key,
+            description=f"Finished before partition {failed_key!r} failed in the same run.",
+            metadata=partition_metadata(report),
+        ))
+    if reports:
+        context.log.warning(
+            f"Partition {failed_key!r} failed; {len(reports)} partition(s) finished before it are recorded as "
+            "materialized, so re-executing the backfill from failure redoes only the rest."
+        )
+
+
+def source_input_columns(spec: PipelineSpec) -> list[str]:
+    """The source columns the model's input is made of (for the previews)."""
+    kind, prep = spec.task.kind, spec.prepare
+    if kind == "generate":
+        return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
+    if kind in ("embed", "classify"):
+        return [prep.text_column] if prep.text_column else prep.template_fields()
+    if kind == "predict":
+        return spec.model_input_columns()
+    return list(prep.image_columns)
+
+
+def _id_column(spec: PipelineSpec) -> str:
+    return spec.prepare.id_column or "row_id"
+
+
+def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
+    if describe.get("device"):
+        return str(describe["device"])
+    if spec.model.provider == "openai":
+        return "remote (HTTP API)"
+    device = getattr(provider, "device", None)
+    if isinstance(device, str):
+        try:
+            return resolve_device(device)
+        except (ImportError, ModelLoadError):
+            # Metadata only describes the device: the provider loaded (or chose not to use torch), so a device
+            # that cannot be resolved here is reported as configured instead of failing a finished step.
+            return device
+    return "n/a"
+
+
+def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], device: str,
+                             delta: dict[str, int]) -> dict[str, Any]:
+    """What the model did for one partition: who ran it where, tokens, requests, cache hits, estimated cost."""
+    md: dict[str, Any] = {
+        "model": str(describe.get("model")),
+        "provider": spec.model.provider,
+        "provider_class": str(describe.get("provider")),
+        "device": device,
+    }
+    if "batch_size" in describe:
+        md["batch_size"] = int(describe["batch_size"])
+    if spec.task.kind == "generate":
+        md["tokens_in"] = delta.get("prompt_tokens", 0)
+        md["tokens_out"] = delta.get("completion_tokens", 0)
+        # requests this materialization sent to the model: one per row handed to the provider (rows flagged empty
+        # are never sent), less the answers the response cache gave (`cache_hits`) and less rows of chunks resumed
+        # from a checkpoint (`chunks_reused`: paid by an earlier run). Tokens and cost are the partition's output's.
+        md["requests"] = delta.get("rows_sent", 0) - delta.get("cache_hits", 0)
+    for name in ("cache_hits", "cache_misses"):
+        if name in delta:
+            md[name] = delta[name]
+    md["cost_usd"] = float(round(spec.model.pricing.cost(delta.get("prompt_tokens", 0),
+                                                          delta.get("completion_tokens", 0)), 6))
+    return md
+
+
+def run_partitions_together(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[list[str]], list[PartitionReport]]
+) -> list[PartitionReport]:
+    """Like `run_partitions` (each partition under its lock; bad input fails without retries), for a stage that
+    handles every partition of the run in one pass: all or none of them are committed."""
+    keys = context.partition_keys
+    storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+    root, stage = storage.resolved_root(), context.asset_key.path[-1]
+    try:
+        with ExitStack() as locks:
+            for key in keys:
+                locks.enter_context(partition_lock(root, spec.name, stage, key, on_wait=context.log.info))
+            # one source version for all: the stage reads the same files for every partition of the run
+            inputs = lineage.inputs_for(spec, storage, stage, keys[0], stage_code_version(spec, stage))
+            records = {} if _force_rerun(context) else {
+                k: lineage.matching(storage, spec.name, stage, k, inputs) for k in keys}
+            if records and all(records.values()):
+                context.log.info(f"{spec.name}/{stage}: all {len(keys)} partitions already made from the same "
+                                 f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes them)")
+                reports = [_skipped_report(spec, stage, k, records[k]) for k in keys]
+            else:
+                for key in keys:
+                    lineage.forget(storage, spec.name, stage, key)
+                reports = stage_fn(keys)
+                for report in reports:
+                    lineage.write_record(storage, spec.name, stage, report.key, lineage.new_record(
+                        inputs, context.run_id, report.path, report.rows_out, report.extra))
+    except PipelineError as exc:
+        located = exc.located(pipeline=spec.name)
+        if exc.retryable:
+            raise located from None
+        raise dg.Failure(description=str(located), metadata={"pipeline": spec.name, "partitions": ", ".join(keys),
+                                                             "file": located.file or ""},
+                         allow_retries=False) from located
+    for report in reports:
+        if report.schema is None and report.path.endswith(".parquet"):
+            report.schema = parquet_schema(report.path)
+        context.add_asset_metadata(partition_metadata(report), partition_key=report.key)
+    return reports
+
+
+def _stage_asset(
+    spec: PipelineSpec,
+    stage: str,
+    partitions_def: dg.PartitionsDefinition,
+    description: str,
+    kinds: set[str],
+    required: set[str],
+    check_specs: list[dg.AssetCheckSpec] | None = None,
+    op_tags: dict[str, Any] | None = None,
+    pool: str | None = None,
+):
+    deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])] if stage != "raw" else []
+    return dg.asset(
+        key=dg.AssetKey([spec.name, stage]),
+        deps=deps,
+        partitions_def=partitions_def,
+        group_name=spec.name,
+        kinds=kinds,
+        description=description,
+        backfill_policy=backfill_policy(spec),
+        retry_policy=step_retry_policy(spec),
+        code_version=stage_code_version(spec, stage),
+        automation_condition=automation_condition(spec),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
+        required_resource_keys=required,
+        check_specs=check_specs,
+        op_tags=op_tags,
+        pool=pool,
+        metadata={"pipeline": spec.name, "stage": stage},
+    )
+
+
+def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
+    remember_spec(spec)  # the batch Kubernetes executor sizes this pipeline's infer steps from it
+    pdef = partitions_def_for(spec)
+    model_key = model_resource_key(spec)
+    storage_kind = "s3" if (spec.sink.path or "").startswith("s3://") else "parquet"
+
+    @_stage_asset(spec, "raw", pdef,
+                  f"Read: rows of {spec.source.format} source `{spec.source.path}` for the partition, streamed, "
+                  "with a stable row id and their file/row of origin.",
+                  {spec.source.format, "pyarrow"}, {STORAGE_KEY})
+    def raw(context) -> dg.MaterializeResult:
+        storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        _free_dead_pool_slots(context, spec)
+        made = ensure_sample(spec, context.partition_keys)
+        if made:
+            context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
+        def one(key: str) -> PartitionReport:
+            report = run_read(spec, storage, key)
+            report.preview = preview_of(report.path, spec.source.columns[:8])
+            return report
+
+        def together(keys: list[str]) -> list[PartitionReport]:
+            reports = run_read_shards(spec, storage, keys)
+            for report in reports:
+                report.preview = preview_of(report.path, spec.source.columns[:8])
+            return reports
+
+        if spec.partitioning.kind == "hash" and len(context.partition_keys) > 1:
+            # Every hash shard reads the whole source: the shards of one run share a single read.
+            reports = run_partitions_together(context, spec, together)
+        else:
+            reports = run_partitions(context, spec, one)
+        return dg.MaterializeResult(metadata=run_totals(reports))
+
+    @_stage_asset(spec, "prepared", pdef,
+                  "Prepare: renders each row's model input (prompt template / text column), flags empty inputs "
+                  "instead of dropping them, and checks that row ids are unique.",
+                  {"python", "pyarrow"}, {STORAGE_KEY})
+    def prepared(context) -> dg.MaterializeResult:
+        storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        _free_dead_pool_slots(context, spec)
+        model_input = {"generate": ["_prompt"], "embed": ["_text"], "classify": ["_text"]}.get(
+            spec.task.kind, source_input_columns(spec))
+
+        def one(key: str) -> PartitionReport:
+            report = run_prepare(spec, storage, key)
+            report.preview = preview_of(report.path, [_id_column(spec), *model_input, "_input_problem"])
+            return report
+
+        return dg.MaterializeResult(metadata=run_totals(run_partitions(context, spec, one)))
+
+    inferred_key = dg.AssetKey([spec.name, "inferred"])
+    infer_checks = [dg.AssetCheckSpec("no_row_errors", asset=inferred_key,
+                                      description="Every row got a model output (warns otherwise)."),
+                    *blocking_check_specs(spec, inferred_key)]
+    if spec.evaluation is not None:
+        infer_checks.append(evaluation.check_spec(spec, inferred_key))
+
+    @_stage_asset(spec, "inferred", pdef,
+                  f"Infer: task `{spec.task.kind}` with provider `{spec.model.provider}` (resource `{model_key}`), "
+                  f"{spec.runtime.chunk_rows} rows per model call, each chunk committed so a rerun resumes. Row "
+                  "failures are recorded in `error`; blocking checks (rows exactly once against the source, error "
+                  "rate, output schema) must pass before the output is published.",
+                  PROVIDER_KINDS.get(spec.model.provider, {"python"}) | {"pyarrow"},
+                  {STORAGE_KEY, model_key},
+                  check_specs=infer_checks,
+                  op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))
+    def inferred(context) -> dg.MaterializeResult:
+        storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        if infer_pool(spec):  # where the slot holder runs, so a later run can tell when it is gone
+            record_infer_process(context.instance, context.run_id)
+        provider = getattr(context.resources, model_key)
+        if spec.runtime.response_cache:
+            provider = cached(provider, ResponseCache(storage.resolved_root()))
+        describe = provider.describe()
+        device = _device(spec, provider, describe)
+        stats = InferStats()
+        confusions: dict[str, evaluation.Confusion] = {}
+        inputs = [c for c in source_input_columns(spec) if not (spec.evaluation and c == spec.evaluation.label_column)]
+
+        def one(key: str) -> PartitionReport:
+            total = parquet_rows(upstream_url(storage, spec.name, "prepared", key))
+            progress = PartitionProgress(context.log, f"{spec.name}/inferred [{key}]", total,
+                                         every_s=spec.runtime.progress_every_s)
+            stats.listeners[:] = [lambda _stats, rows: progress.add(rows)]
+            before = copy.copy(stats)
+            cache_before = (provider.hits, provider.misses) if isinstance(provider, CachedProvider) else None
+            report = run_infer(spec, storage, key, provider, stats)
+            delta = counter_delta(stats, before)
+            if cache_before is not None:
+                delta["cache_hits"] = provider.hits - cache_before[0]
+                delta["cache_misses"] = provider.misses - cache_before[1]
+            progress.finish(delta.get("rows_with_errors"))
+            report.extra.update(infer_partition_metadata(spec, describe, device, delta))
+            if stats.error_samples:
+                report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
+            if report.extra.get("labels_never_predicted"):
+                context.log.warning(
+                    f"{spec.name} partition {key!r}: the model never predicted label(s) "
+                    f"{report.extra['labels_never_predicted']} in {report.rows_out} rows; if they should occur, "
+                    "check the labels' wording, the input text and the model (metadata label_count/<label> plots "
+                    "each label across partitions)")
+            preview_cols = [_id_column(spec), *inputs]
+            if spec.evaluation is not None:
+                confusions[key] = evaluation.evaluate_file(spec, report.path)
+                report.extra.update(evaluation.partition_metadata(confusions[key]))
+                preview_cols.append(spec.evaluation.label_column)
+            produced = [c for c in parquet_schema(report.path).names
+                        if c not in parquet_schema(upstream_url(storage, spec.name, "prepared", key)).names]
+            report.preview = preview_of(report.path, [*preview_cols, *produced][:10])
+            return report
+
+        pool = infer_pool(spec)
+        with host_pool_slot(context.instance, pool, context.log) if pool else nullcontext():
+            reports = run_partitions(context, spec, one)
+        # Error samples are per partition (in each partition's metadata, added by `one`): run-level metadata is
+        # merged into every partition's event, so a run-wide list here would show one day's rows on every day.
+        if spec.evaluation is not None:  # partitions skipped as already made are scored from their file
+            for report in reports:
+                if report.key not in confusions:
+                    confusions[report.key] = evaluation.evaluate_file(spec, report.path)
+        metadata = run_totals(reports)
+        checks = [dg.AssetCheckResult(
+            check_name="no_row_errors",
+            passed=stats.rows_with_errors == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"rows_with_errors": stats.rows_with_errors, "rows": stats.rows_out,
+                      "samples": "\n".join(stats.run_error_samples) or "none"},
+        )]
+        checks += blocking_check_results(spec, provider, reports)
+        if spec.evaluation is not None:
+            checks.append(evaluation.check_result(spec, confusions))
+        return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+    @_stage_asset(spec, "output", pdef,
+                  f"Write: publishes the sink columns as {spec.sink.format} under "
+                  f"`{spec.sink.path or '<storage root>/' + spec.name + '/output'}`, one file per partition, "
+                  "committed atomically after verifying every input row id appears exactly once; then the partition's "
+                  "inference checkpoints are removed.",
+                  {spec.sink.format, storage_kind}, {STORAGE_KEY})
+    def output(context) -> dg.MaterializeResult:
+        storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
+        reports = run_partitions(context, spec, lambda key: run_write(spec, storage, key))
+        empty = [r.key for r in reports if r.extra.get("empty_partition")]
+        if empty:
+            context.log.info(f"{len(empty)} partition(s) have no source rows ({', '.join(empty[:10])}"
+                             f"{', ...' if len(empty) > 10 else ''}): each is published as an empty "
+                             f"{spec.sink.format} output with the declared columns (row count 0)")
+        # Rows exactly once is a blocking check on `inferred` (against the source); the sink verifies again before
+        # its atomic commit and raises instead of publishing.
+        return dg.MaterializeResult(metadata=run_totals(reports))
+
+    return [raw, prepared, inferred, output]
+
+
+def job_name(spec: PipelineSpec) -> str:
+    return f"{spec.name}_job"
+
+
+def build_pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:
+    assets = build_pipeline_assets(spec)
+    job = dg.define_asset_job(
+        job_name(spec),
+        selection=dg.AssetSelection.groups(spec.name),
+        partitions_def=assets[0].partitions_def,
+        description=f"All four stages of pipeline {spec.name}.",
+    )
+    return dg.Definitions(assets=assets, jobs=[job], resources={model_resource_key(spec): build_model_resource(spec)})

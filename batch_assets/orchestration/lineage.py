@@ -1,0 +1,214 @@
+"""What each stage's partition was made from, so that no launch path pays twice for the same output.
+
+After a stage commits a partition it leaves a small record beside the data,
+`<storage root>/<pipeline>/_lineage/<stage>/<partition>.json`: the **source version** the partition was made from
+(a digest of the partition's source files and their versions: S3 ETag or local mtime, and size; the same digest
+the sensor keeps in its cursor) and the stage's **code version** (a digest of every spec section the stage's output
+depends on, upstream stages' sections included: batch_assets/orchestration/factory.py `stage_code_version`).
+
+A stage whose record matches what it would make now (same source version, same code version, the file still
+there) is skipped: the run records the partition as materialized with `skipped` metadata saying which run made it,
+and nothing is read, inferred or written. The source version flows down: `raw` takes the current one before it
+reads, every later stage takes the one its upstream stage recorded, so a file rewritten in the middle of a run is
+seen as new by the next launch, never mixed up with the old one.
+
+Every launch path goes through this: a schedule tick, a sensor run, a backfill (single or multi run), a UI or
+`dg launch` run. The sensor and the schedule also ask `published()` before they request a run at all, so a day
+that a backfill already published is adopted (no run) and a schedule and a sensor on one pipeline do not both
+run a day. To run a stage again over unchanged input on purpose (a model whose answers you want afresh, a
+repaired endpoint), launch the run with the tag `batch/rerun=force` (UI launchpad: Tags; docs/launch-paths.md).
+
+Records live in the storage, not in the Dagster instance, so they hold across launch paths, deployments and a
+lost instance, and a record is written inside the stage's partition lock (batch_assets/reliability/locks.py): a second run of
+the same partition waiting at the lock sees the first one's record and skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import ArrowStorage, exists, filesystem_for, join, partition_file_name
+
+# What each stage's output depends on in the spec, its own sections and every upstream stage's: a changed prompt
+# makes `prepared`, `inferred` and `output` stale (Dagster marks an asset stale for its own code version only, so
+# the sections are cumulative); a changed model or max_new_tokens makes `inferred` and `output` stale. Knobs that
+# change how fast, not what (batch_rows, chunk_rows, retries, schedules, sensors), are left out.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "raw": ("source", "partitioning"),
+    "prepared": ("source", "partitioning", "prepare"),
+    "inferred": ("source", "partitioning", "prepare", "task", "model"),
+    "output": ("source", "partitioning", "prepare", "task", "model", "sink"),
+}
+SPEED_ONLY_FIELDS = {"source": {"batch_rows"}}
+RERUN_TAG = "batch/rerun"
+FORCE = "force"
+STAGES = ("raw", "prepared", "inferred", "output")
+
+
+def stage_code_version(spec: PipelineSpec, stage: str) -> str:
+    """A digest of the spec sections a stage's output depends on (STAGE_SECTIONS): edit the prompt, model or
+    params and that stage and every stage after it show as stale in the UI ("has a new code version"), and their
+    lineage records no longer match, so the next run redoes them. {env: NAME} secrets enter by name only."""
+    dumped = spec.model_dump(mode="json")
+    sections = {
+        name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())}
+        for name in STAGE_SECTIONS[stage]
+    }
+    digest = hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    return f"{stage}-{digest[:12]}"
+
+
+def file_modified(info: dict[str, Any]) -> float:
+    for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def file_version(info: dict[str, Any]) -> str:
+    """A digest of one file's version: its ETag (S3) or mtime, and its size. Changes when the file is rewritten."""
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+    basis = f"{etag}|{info.get('size')}" if etag else f"{file_modified(info)!r}|{info.get('size')}"
+    return hashlib.blake2b(basis.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def source_version(spec: PipelineSpec, key: str) -> str | None:
+    """The digest of the partition's source files and their versions now; None when they cannot be listed
+    (the read stage then fails with the reason)."""
+    from batch_assets.partitions import resolve_partition
+
+    try:
+        files = resolve_partition(spec, key).files
+    except (PipelineError, OSError):
+        return None
+    parts = []
+    for url in sorted(files):
+        fs, path = filesystem_for(url)
+        try:
+            parts.append(f"{url}={file_version(fs.info(path))}")
+        except (FileNotFoundError, OSError):
+            return None
+    return hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def record_url(storage: ArrowStorage, pipeline: str, stage: str, key: str) -> str:
+    return join(storage.resolved_root(), pipeline, "_lineage", stage, partition_file_name(key, "json"))
+
+
+def read_record(storage: ArrowStorage, pipeline: str, stage: str, key: str) -> dict[str, Any] | None:
+    fs, path = filesystem_for(record_url(storage, pipeline, stage, key))
+    try:
+        with fs.open(path, "rb") as f:
+            return json.loads(f.read())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def forget(storage: ArrowStorage, pipeline: str, stage: str, key: str) -> None:
+    """Drop a stage's record before the stage rewrites its partition: a crash mid-way leaves no stale record."""
+    fs, path = filesystem_for(record_url(storage, pipeline, stage, key))
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_record(storage: ArrowStorage, pipeline: str, stage: str, key: str, record: dict[str, Any]) -> None:
+    from batch_assets.storage import atomic_output
+
+    fs, path = filesystem_for(record_url(storage, pipeline, stage, key))
+    with atomic_output(fs, path) as f:
+        f.write(json.dumps(record, sort_keys=True).encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a stage's partition would be made from now."""
+
+    source_version: str | None
+    code_version: str
+
+
+def inputs_for(spec: PipelineSpec, storage: ArrowStorage, stage: str, key: str, code_version: str) -> Inputs:
+    if stage == STAGES[0]:
+        return Inputs(source_version(spec, key), code_version)
+    upstream = read_record(storage, spec.name, STAGES[STAGES.index(stage) - 1], key)
+    return Inputs(upstream.get("source_version") if upstream else None, code_version)
+
+
+def matching(storage: ArrowStorage, pipeline: str, stage: str, key: str, inputs: Inputs) -> dict[str, Any] | None:
+    """The stage's record when its partition was made from exactly these inputs and is still there."""
+    if inputs.source_version is None:
+        return None
+    record = read_record(storage, pipeline, stage, key)
+    if not record or record.get("source_version") != inputs.source_version \
+            or record.get("code_version") != inputs.code_version:
+        return None
+    path = record.get("path")
+    if not path or not exists(path):
+        return None
+    return record
+
+
+def published(spec: PipelineSpec, storage: ArrowStorage, key: str) -> dict[str, Any] | None:
+    """The output's record when the partition's published output already matches its current source and spec
+    (what a sensor or schedule asks before requesting a run); else None."""
+    version = source_version(spec, key)
+    inputs = Inputs(version, stage_code_version(spec, "output"))
+    return matching(storage, spec.name, "output", key, inputs)
+
+
+def new_record(inputs: Inputs, run_id: str, path: str, rows: int, extra: dict[str, Any]) -> dict[str, Any]:
+    plain = {k: v for k, v in extra.items() if isinstance(v, (int, float, str, bool))}
+    return {"source_version": inputs.source_version, "code_version": inputs.code_version, "run_id": run_id,
+            "path": path, "rows": rows, "written_at": time.time(), "extra": plain}
+
+
+def describe(record: dict[str, Any]) -> str:
+    when = datetime.fromtimestamp(record.get("written_at", 0)).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    return f"run {record.get('run_id', '?')[:8]} at {when}"
+
+
+IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
+
+
+def runs_in_flight(instance: Any, spec: PipelineSpec, job: str) -> dict[str, Any]:
+    """{partition key: run} for every run of the pipeline that is queued or running, whoever launched it (its
+    job, a UI or CLI asset selection, a single-run backfill over a range), so a schedule or sensor never requests
+    a partition that another launch path is already making."""
+    import dagster as dg
+
+    from batch_assets.partitions import partitions_def_for
+
+    statuses = [getattr(dg.DagsterRunStatus, s) for s in IN_FLIGHT]
+    pdef = partitions_def_for(spec)
+    found: dict[str, Any] = {}
+    for run in instance.get_runs(dg.RunsFilter(statuses=statuses), limit=500):
+        selected = run.asset_selection or set()
+        if run.job_name != job and not any(k.path[0] == spec.name for k in selected):
+            continue
+        tags = run.tags
+        if "dagster/partition" in tags:
+            found.setdefault(tags["dagster/partition"], run)
+        elif "dagster/asset_partition_range_start" in tags:
+            with dg.partition_loading_context(dynamic_partitions_store=instance):
+                keys = pdef.get_partition_keys_in_range(dg.PartitionKeyRange(
+                    tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]))
+            for key in keys:
+                found.setdefault(key, run)
+    return found
+
+
+def launched_by(run: Any) -> str:
+    who = run.tags.get("batch/launched_by") or ("a backfill" if run.tags.get("dagster/backfill") else "a user")
+    return f"run {run.run_id[:8]} ({who}, {run.status.value.lower()})"

@@ -1,0 +1,646 @@
+"""The infer stage: prepared rows in chunks to the model provider, one result per row out, resumable.
+
+One loop for every task kind and provider (`run_infer`):
+- prepared rows are cut into chunks of exactly `runtime.chunk_rows` (read ahead on a thread);
+- a chunk already committed under the partition's checkpoint (same fingerprint, same row ids and model inputs) is
+  skipped: a rerun after a crash pays only for what was not finished (batch_assets/reliability/checkpoint.py);
+- the other chunks go to the provider on worker threads, several at once where the provider says it can take them
+  (`provider.chunks_in_flight(chunk_rows)`; the OpenAI-compatible provider queues every row of those chunks on one
+  request gate, so its window of requests stays full across chunk boundaries, no drain per chunk), results are
+  taken in chunk order, checked for exactly one result per row, and committed on a write-behind thread;
+- at the end the `inferred` file is assembled from the prepared rows and the committed chunks, in one schema fixed
+  from the declared output types (batch_assets/stages/infer_tasks.py), atomically.
+
+Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider and then becomes a
+row error; a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
+permission, unknown model, exhausted quota; or every row of a chunk failing the same way) fails the step at once,
+naming the cause and the fix. The error rate against `runtime.max_error_fraction` is a blocking asset check.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_assets.errors import PipelineError
+from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
+from batch_assets.spec import PipelineSpec
+from batch_assets.stages.infer_tasks import (
+    ERROR_COLUMN,
+    ChunkPlan,
+    call_provider,
+    check_alignment,
+    declared_output_types,
+    model_input_columns,
+    output_columns,
+    plan_chunk,
+    same_failure,
+)
+from batch_assets.stages.report import PartitionReport
+from batch_assets.stages.token_limits import TRUNCATED_COLUMN, TokenLimit
+from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
+from resources.errors import GAVE_UP, ProviderSetupError
+from resources.protocols import GenerationParams
+from resources.structured import UNPARSEABLE, is_unparseable
+
+log = logging.getLogger(__name__)
+
+# A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
+# two or three rows failing alike is plausibly bad rows.
+SAME_FAILURE_MIN_ROWS = 4
+# Committed chunks whose write may still be pending (write-behind): bounds memory held for writing.
+WRITES_IN_FLIGHT = 2
+
+
+@dataclass
+class InferStats:
+    """What the infer loop did, over every partition of a run. `add_rows` is the one place the loop reports rows
+    completed (computed or reused from a checkpoint); progress reporters subscribe with `listeners`."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_with_errors: int = 0
+    model_errors: int = 0  # rows sent to the model whose result is an error (input problems excluded)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    chunks_computed: int = 0
+    chunks_reused: int = 0
+    rows_reused: int = 0
+    rows_sent: int = 0  # rows handed to the provider in this run (not reused from a checkpoint; cache hits included)
+    rows_truncated: int = 0  # inputs cut to prepare.max_input_tokens
+    unparseable_rows: int = 0  # answers that did not parse as task.structured (row errors)
+    unparseable_samples: list[str] = field(default_factory=list)  # the current partition's first few
+    error_samples: list[str] = field(default_factory=list)  # the current partition's (reset per partition)
+    run_error_samples: list[str] = field(default_factory=list)  # the run's first few, each with its partition
+    label_counts: dict[str, int] = field(default_factory=dict)  # the current partition's predicted labels
+    partition: str | None = None
+    partition_rows_total: int = 0
+    partition_rows_done: int = 0
+    listeners: list[Callable[[InferStats, int], None]] = field(default_factory=list)
+
+    def begin_partition(self, key: str, rows_total: int) -> None:
+        self.partition, self.partition_rows_total, self.partition_rows_done = key, rows_total, 0
+        self.error_samples = []
+        self.unparseable_samples = []
+        self.label_counts = {}
+
+    def add_rows(self, n: int, *, reused: bool = False) -> None:
+        self.partition_rows_done += n
+        if reused:
+            self.rows_reused += n
+            self.chunks_reused += 1
+        else:
+            self.chunks_computed += 1
+        for listener in self.listeners:
+            listener(self, n)
+
+    def note_errors(self, ids: list[str], errors: list[str | None]) -> None:
+        for row_id, err in zip(ids, errors):
+            if err is None:
+                continue
+            if len(self.error_samples) < 5:
+                self.error_samples.append(f"{row_id}: {err}")
+            if len(self.run_error_samples) < 5:
+                self.run_error_samples.append(f"[{self.partition}] {row_id}: {err}")
+
+
+def generation_params(spec: PipelineSpec) -> GenerationParams:
+    p = spec.task.params
+    constraints = spec.task.structured.generation_constraints() if spec.task.structured else {}
+    return GenerationParams(
+        max_new_tokens=p.max_new_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        stop=tuple(p.stop),
+        seed=p.seed,
+        **constraints,
+    )
+
+
+def normalize_label(text: str | None, labels: list[str], default: str) -> str:
+    """Map free text to one of `labels`: an exact match (ignoring case and punctuation), else the label that
+    appears first in the text, else `default`."""
+    if not text:
+        return default
+    squash = lambda s: re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()  # noqa: E731
+    answer = squash(text)
+    by_norm = {squash(label): label for label in labels}
+    if answer in by_norm:
+        return by_norm[answer]
+    best: tuple[int, str] | None = None
+    for norm, label in by_norm.items():
+        m = re.search(rf"\b{re.escape(norm)}\b", answer)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), label)
+    return best[1] if best else default
+
+
+def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
+    """The infer stage for one partition: `prepared` rows in, `inferred` rows (inputs, outputs, `error`) out.
+    `stats` accumulates over every partition of the run."""
+    start = time.perf_counter()
+    src = upstream_url(storage, spec.name, "prepared", key)
+    url = storage.stage_url(spec.name, "inferred", key)
+    total = parquet_rows(src)
+    stats.begin_partition(key, total)
+    checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
+    if checkpoint.invalidated:
+        log.info("partition %s: checkpoints of another setup (%s) were removed", key, ", ".join(checkpoint.invalidated))
+    before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed,
+              stats.rows_truncated, stats.unparseable_rows)
+    params = generation_params(spec) if spec.task.kind == "generate" else None
+    limit = TokenLimit.for_run(spec, provider, params)
+    if limit is not None and limit.mode == "fail":
+        limit.check_partition(src, key, spec.runtime.chunk_rows)
+    try:
+        chunks = _infer_chunks(spec, provider, src, checkpoint, stats, params, limit)
+    except ProviderSetupError as exc:
+        raise PipelineError(
+            f"{type(provider).__name__} (model {provider.model_name()!r}) cannot serve this pipeline: {exc.what}; "
+            "the step stopped at once and nothing was published",
+            fix=exc.fix,
+        ) from None
+    _assemble(spec, provider, src, url, checkpoint, chunks, stats)
+    rows = stats.rows_out - before[0]
+    return PartitionReport(key, total, rows, time.perf_counter() - start, url, {
+        "rows_with_errors": stats.rows_with_errors - before[1],
+        "model_errors": stats.model_errors - before[2],
+        "chunks_reused": stats.chunks_reused - before[3],
+        "chunks_computed": stats.chunks_computed - before[4],
+        **({"rows_truncated": stats.rows_truncated - before[5]} if limit is not None else {}),
+        **(_unparseable_metadata(stats, stats.unparseable_rows - before[6]) if structured_task(spec) else {}),
+        **label_metadata(spec, stats, rows),
+    })
+
+
+def predicted_labels(spec: PipelineSpec) -> tuple[str, list[str]] | None:
+    """(column, declared labels) for a task that predicts one of a set of labels; None for other tasks."""
+    task = spec.task
+    if task.kind in ("classify", "classify_image") and task.labels:
+        return task.resolved_output_column(), list(task.labels)
+    if task.kind == "generate":
+        structured = task.structured
+        if structured is not None and structured.choices is not None and not structured.unnest:
+            return task.structured_column, list(structured.choices)
+        if task.labels and task.label_column:
+            return task.label_column, list(task.labels)
+    return None
+
+
+def label_metadata(spec: PipelineSpec, stats: InferStats, rows: int) -> dict[str, Any]:
+    """Predicted-label counts of the partition, one int per declared label (0 included, so Dagster plots each
+    label across partitions), and the declared labels the model never predicted in it."""
+    predicted = predicted_labels(spec)
+    if predicted is None:
+        return {}
+    _, labels = predicted
+    counts = stats.label_counts
+    md: dict[str, Any] = {f"label_count/{label}": int(counts.get(label, 0)) for label in labels}
+    others = {k: v for k, v in counts.items() if k not in labels}  # generate's default_label, for one
+    md.update({f"label_count/{label}": int(n) for label, n in sorted(others.items())})
+    never = [label for label in labels if not counts.get(label)]
+    if never and rows:
+        md["labels_never_predicted"] = ", ".join(never)
+    return md
+
+
+def structured_task(spec: PipelineSpec) -> bool:
+    return spec.task.kind == "generate" and spec.task.structured is not None
+
+
+def _unparseable_metadata(stats: InferStats, rows: int) -> dict[str, Any]:
+    """How many answers did not parse (0 too: plottable across partitions), and a sample of their raw answers."""
+    import dagster as dg
+
+    md: dict[str, Any] = {"unparseable_rows": rows}
+    if stats.unparseable_samples:
+        md["unparseable_samples"] = dg.MetadataValue.md("\n".join(f"- {s}" for s in stats.unparseable_samples))
+    return md
+
+
+# -- the loop --------------------------------------------------------------------------------------------------------
+def calls_in_flight(provider: Any, chunk_rows: int) -> int:
+    """Chunk calls a provider may run at once: 1 for in-process models (one model, one call at a time; the loop
+    still overlaps reading and writing with it), more for providers that queue requests on a shared gate."""
+    decide = getattr(provider, "chunks_in_flight", None)
+    return max(1, int(decide(chunk_rows))) if callable(decide) else 1
+
+
+@dataclass
+class _Pending:
+    index: int
+    batch: pa.RecordBatch
+    plan: ChunkPlan
+    call: Future | None
+    ids_digest: str
+    inputs_digest: str
+
+
+class DaemonCallPool:
+    """A fixed set of worker threads running provider calls in submission order, like ThreadPoolExecutor, but on
+    daemon threads: a call still running when its step failed (a hung endpoint, a stuck user model) is abandoned
+    instead of joined when the interpreter exits (ThreadPoolExecutor joins its workers at exit, so one stuck call
+    would keep the run worker from ever exiting)."""
+
+    def __init__(self, workers: int, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats,
+                  params: GenerationParams | None, limit: TokenLimit | None) -> int:
+    """Compute and commit every chunk not already committed; returns the number of chunks of the partition."""
+    chunk_rows = spec.runtime.chunk_rows
+    inputs = model_input_columns(spec)
+    workers = calls_in_flight(provider, chunk_rows)
+    calls = DaemonCallPool(workers, name="infer-call")
+    writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
+    pending: deque[_Pending] = deque()
+    committing: deque[Future] = deque()
+    chunks = Prefetched(exact_chunks(read_batches(src, batch_rows=chunk_rows), chunk_rows))
+
+    def finish(item: _Pending) -> None:
+        n = item.batch.num_rows
+        results = item.call.result() if item.call is not None else None
+        if item.call is not None:
+            check_alignment(provider, spec, len(item.plan.sent), results)
+        names, arrays = output_columns(spec, item.plan, results, n, stats)
+        _fail_if_all_failed_alike(provider, item)
+        _fail_on_unparseable(spec, provider, item, results)
+        outputs = pa.RecordBatch.from_arrays(
+            [item.batch.column("row_id"), *arrays, pa.array(item.plan.errors, pa.string())],
+            names=["row_id", *names, ERROR_COLUMN],
+        )
+        committing.append(writes.submit(checkpoint.commit, item.index, outputs, item.ids_digest, item.inputs_digest))
+        while len(committing) > WRITES_IN_FLIGHT:
+            committing.popleft().result()
+        stats.add_rows(n)
+
+    count = 0
+    failed = True
+    structured = spec.task.structured if spec.task.kind == "generate" else None
+    # with max_error_fraction 1 every row may fail: the user accepts it, so nothing stops early
+    probe = structured.stop_after_unparseable if structured is not None and spec.runtime.max_error_fraction < 1 else 0
+    try:
+        for index, batch in enumerate(chunks):
+            count = index + 1
+            stats.rows_in += batch.num_rows
+            ids_digest, inputs_digest = column_digest(batch, ["row_id"]), column_digest(batch, inputs)
+            if checkpoint.reusable(index, ids_digest, inputs_digest):
+                stats.add_rows(batch.num_rows, reused=True)
+                continue
+            plan = plan_chunk(spec, batch, limit)
+            stats.rows_sent += len(plan.sent)
+            if probe and len(plan.sent) > probe:
+                # The partition's first answers go first, alone: when all of them fail to parse the same way, the
+                # step stops here instead of paying for the rest of the chunk (and of the partition).
+                probe_ids = batch.column("row_id").take(pa.array(plan.sent[:probe])).to_pylist()
+                first = call_provider(provider, spec, params, plan.inputs[:probe])
+                _stop_if_unparseable(spec, provider, probe_ids, first)
+                call = calls.submit(_after, first, call_provider, provider, spec, params, plan.inputs[probe:])
+            else:
+                call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
+            if len(plan.sent):
+                probe = 0
+            pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
+            # one more than the workers: the next call is queued before a worker frees, so none idles
+            while len(pending) > workers:
+                finish(pending.popleft())
+        while pending:
+            finish(pending.popleft())
+        while committing:
+            committing.popleft().result()
+        failed = False
+    finally:
+        chunks.close()
+        for item in pending:
+            if item.call is not None:
+                item.call.cancel()
+        # On failure (or an interrupt) do not wait for a call already running: the step is over. Commits queued
+        # before the failure still complete, so the rerun keeps every chunk that was finished.
+        calls.shutdown(wait=not failed, cancel_futures=True)
+        writes.shutdown(wait=True)
+    return count
+
+
+def _after(first: list[Any], call: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    """The probe's results followed by the rest of the chunk's (one result per sent row, in order)."""
+    return [*first, *call(*args)]
+
+
+def _raw_answers(ids: list[Any], texts: list[str | None], limit: int = 5) -> str:
+    return "; ".join(f"row {rid!r}: {_clip(text)}" for rid, text in list(zip(ids, texts))[:limit])
+
+
+def _clip(text: str | None, limit: int = 120) -> str:
+    if text is None:
+        return "(no text)"
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
+    """What to do about answers that do not parse, by the likely cause."""
+    hints = []
+    if "cut off" in failure or "max_new_tokens" in failure:
+        hints.append("raise task.params.max_new_tokens: the answers stop before the output is complete")
+    if spec.model.provider == "openai":
+        hints.append("the endpoint did not enforce the output format: check model.config constraint_backend "
+                     "(response_format for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode "
+                     "(json_object_schema for llama.cpp's server)")
+    else:
+        hints.append("the model's answers ignore the constraint: check the provider supports structured output "
+                     "(docs/structured-outputs.md)")
+    hints.append("say in the prompt (prepare.template / prepare.system) exactly what to answer")
+    hints.append("to keep such answers as row errors (dead letters) within runtime.max_error_fraction instead, set "
+                 "task.structured.on_unparseable: row_error and task.structured.stop_after_unparseable: 0")
+    return "; ".join(hints)
+
+
+def _stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
+    """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
+    from resources.structured import validate_output
+
+    structured = spec.task.structured
+    problems = [r.error if r.error else validate_output(r.text, structured)[1] for r in results]
+    if not all(is_unparseable(p) for p in problems):
+        return
+    shared = same_failure(problems)  # type: ignore[arg-type]
+    if shared is None:
+        return
+    raise PipelineError(
+        f"the first {len(results)} answers of {type(provider).__name__} (model {provider.model_name()!r}) all failed "
+        f"to parse as the structured output ({structured.kind}) the same way: {shared}. Raw answers: "
+        f"{_raw_answers(ids, [r.text for r in results])}. The step stopped after these {len(results)} rows "
+        "(task.structured.stop_after_unparseable) instead of sending the rest; nothing was published",
+        fix=_unparseable_fix(spec, provider, shared),
+    )
+
+
+def _fail_on_unparseable(spec: PipelineSpec, provider: Any, item: _Pending, results: Any) -> None:
+    """`on_unparseable: fail`: a chunk holding an answer that did not parse fails the step, showing the answers."""
+    structured = spec.task.structured if spec.task.kind == "generate" else None
+    if structured is None or structured.on_unparseable != "fail" or results is None:
+        return
+    sent = item.plan.sent.tolist()
+    bad = [(j, i) for j, i in enumerate(sent) if is_unparseable(item.plan.errors[i])]
+    if not bad:
+        return
+    ids = item.batch.column("row_id").to_pylist()
+    first = item.plan.errors[bad[0][1]]
+    raise PipelineError(
+        f"{len(bad)} of the {len(sent)} answers in chunk {item.index} did not parse as the structured output "
+        f"({structured.kind}), and task.structured.on_unparseable is 'fail'; first: {first}. Raw answers: "
+        f"{_raw_answers([ids[i] for _, i in bad], [results[j].text for j, _ in bad])}; nothing was published",
+        row=ids[bad[0][1]],
+        fix=_unparseable_fix(spec, provider, first or ""),
+    )
+
+
+def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
+    sent = item.plan.sent.tolist()
+    if len(sent) < SAME_FAILURE_MIN_ROWS:
+        return
+    failures = [item.plan.errors[i] for i in sent]
+    if any(f is None for f in failures):
+        return
+    if any(is_unparseable(f) for f in failures):
+        # answers came back (the endpoint is up): whether they parse is task.structured's policy, not a setup failure
+        return
+    shared = same_failure(failures)  # type: ignore[arg-type]
+    if shared is not None:
+        # Retries exhausted on every row alike (an outage: 5xx, timeouts, refused connections) may pass: the step's
+        # RetryPolicy (spec `retries`) runs it again later, resuming after the committed chunks. Anything else that
+        # fails every row alike (a 400 for every request) will not pass by waiting.
+        transient = GAVE_UP in shared
+        raise PipelineError(
+            f"every one of the {len(sent)} rows sent to {type(provider).__name__} (model {provider.model_name()!r}) in "
+            f"chunk {item.index} failed the same way: {shared}. This is a setup or endpoint problem, not bad rows: "
+            "the step stopped and nothing was published"
+            + ("; it looks transient, so the step is retried as the spec's `retries` say" if transient else ""),
+            fix="check that the model/endpoint is up and configured (model, base_url, key, params); committed chunks "
+            "are kept, so a rerun resumes where this one stopped",
+            retryable=transient,
+        )
+
+
+def _assemble(spec: PipelineSpec, provider: Any, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int,
+              stats: InferStats) -> None:
+    """Write `inferred` = prepared rows + committed outputs, chunk by chunk, in one schema for the partition."""
+    prepared_schema = parquet_schema(src)
+    declared = declared_output_types(spec, provider)
+    out_schema = _output_schema(declared, [checkpoint.schema(i) for i in range(chunks)],
+                                spec.task.resolved_output_column())
+    schema = pa.schema([*prepared_schema, *out_schema])
+    batches = exact_chunks(read_batches(src, batch_rows=spec.runtime.chunk_rows), spec.runtime.chunk_rows)
+    with write_parquet(url, schema) as writer:
+        for index, batch in enumerate(batches):
+            outputs = checkpoint.read(index)
+            if not outputs.column("row_id").combine_chunks().equals(batch.column("row_id")):
+                raise PipelineError(
+                    f"checkpoint chunk {index} does not cover the prepared rows it claims to",
+                    file=checkpoint.chunk_path(index),
+                    fix="re-materialize the partition; if it persists, report a bug",
+                )
+            columns = [outputs.column(f.name).combine_chunks().cast(f.type) for f in out_schema]
+            table = pa.Table.from_arrays([*batch.columns, *columns], schema=schema)
+            writer.write(table)
+            _count(spec, table, stats)
+
+
+def _output_schema(declared: dict[str, pa.DataType | None], chunk_schemas: list[pa.Schema],
+                   default_column: str) -> pa.Schema:
+    """Output columns in the declared order and types. A column without a declared type takes the one type its
+    chunks agree on (null in chunks with no value, e.g. an all-failed first chunk, does not count)."""
+    names = [n for n in (chunk_schemas[0].names if chunk_schemas else [*(declared or [default_column]), ERROR_COLUMN])
+             if n != "row_id"]
+    for i, s in enumerate(chunk_schemas):
+        if [n for n in s.names if n != "row_id"] != names:
+            raise PipelineError(
+                f"the model's output columns changed between chunks: {names} in chunk 0, {s.names[1:]} in chunk {i}",
+                fix="make the model return the same output columns for every batch (declare task.output_types)",
+            )
+    fields = []
+    for name in names:
+        seen = [s.field(name).type for s in chunk_schemas if s.field(name).type != pa.null()]
+        if name == ERROR_COLUMN:
+            type_: pa.DataType = pa.string()
+        elif seen:
+            type_ = seen[0]
+            for other in seen[1:]:
+                try:
+                    type_ = pa.unify_schemas([pa.schema([(name, type_)]), pa.schema([(name, other)])],
+                                             promote_options="permissive").field(name).type
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                    raise PipelineError(
+                        f"the model's output column {name!r} has type {type_} in one chunk and {other} in another",
+                        column=name,
+                        fix="return one type per output column, or declare it in task.output_types",
+                    ) from None
+        else:
+            type_ = declared.get(name) or pa.null()
+        fields.append(pa.field(name, type_))
+    return pa.schema(fields)
+
+
+def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
+    errors = table.column(ERROR_COLUMN)
+    failed = pc.is_valid(errors)
+    n_failed = pc.sum(failed).as_py() or 0
+    stats.rows_out += table.num_rows
+    stats.rows_with_errors += n_failed
+    if n_failed:
+        model_failed = pc.and_(failed, pc.invert(table.column("_input_empty")))
+        stats.model_errors += pc.sum(model_failed).as_py() or 0
+        rows = table.filter(failed).slice(0, 5)
+        stats.note_errors(rows.column("row_id").to_pylist(), rows.column(ERROR_COLUMN).to_pylist())
+        if spec.task.structured is not None:
+            unparseable = pc.fill_null(pc.match_substring(errors, UNPARSEABLE), False)
+            stats.unparseable_rows += pc.sum(unparseable).as_py() or 0
+            room = 5 - len(stats.unparseable_samples)
+            if room > 0:
+                bad = table.filter(unparseable).slice(0, room)
+                stats.unparseable_samples += [f"{rid}: {err}" for rid, err in zip(
+                    bad.column("row_id").to_pylist(), bad.column(ERROR_COLUMN).to_pylist())]
+    if TRUNCATED_COLUMN in table.column_names:
+        stats.rows_truncated += pc.sum(table.column(TRUNCATED_COLUMN)).as_py() or 0
+    predicted = predicted_labels(spec)
+    if predicted is not None and predicted[0] in table.column_names:
+        for item in pc.value_counts(table.column(predicted[0]).drop_null()).to_pylist():
+            stats.label_counts[item["values"]] = stats.label_counts.get(item["values"], 0) + item["counts"]
+    if spec.task.kind == "generate":
+        stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
+        stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
+
+
+# -- streaming helpers -----------------------------------------------------------------------------------------------
+def exact_chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut batches into chunks of exactly `rows` rows (the last may be shorter): chunk i always covers the
+    same prepared rows, which is what lets a rerun match committed chunks."""
+    parts: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - size, batch.num_rows)
+            parts.append(batch.slice(0, take))
+            size += take
+            batch = batch.slice(take)
+            if size == rows:
+                yield _combine(parts)
+                parts, size = [], 0
+    if size:
+        yield _combine(parts)
+
+
+def _combine(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(parts) == 1:
+        return parts[0]
+    return pa.Table.from_batches(parts).combine_chunks().to_batches(max_chunksize=None)[0]
+
+
+class Prefetched:
+    """Reads the next items of an iterator on a thread while the caller works on the current one (bounded)."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator[Any], depth: int = 2):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(source,), name="infer-prefetch", daemon=True)
+        self._thread.start()
+
+    def _fill(self, source: Iterator[Any]) -> None:
+        try:
+            for item in source:
+                if not self._put(item):
+                    return
+            self._put(self._DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+# Kept for callers that drive the loop without storage (tests of one chunk at the provider seam).
+def infer_batches(spec: PipelineSpec, provider: Any, batches: Iterator[pa.RecordBatch],
+                  stats: InferStats) -> Iterator[pa.RecordBatch]:
+    """Prepared batches in, prepared columns + outputs + `error` out, one provider call per batch, no checkpoint."""
+    params = generation_params(spec) if spec.task.kind == "generate" else None
+    limit = TokenLimit.for_run(spec, provider, params)
+    for batch in batches:
+        plan = plan_chunk(spec, batch, limit)
+        results = call_provider(provider, spec, params, plan.inputs) if len(plan.sent) else None
+        if results is not None:
+            check_alignment(provider, spec, len(plan.sent), results)
+        names, arrays = output_columns(spec, plan, results, batch.num_rows, stats)
+        stats.add_rows(batch.num_rows)
+        yield pa.RecordBatch.from_arrays([*batch.columns, *arrays, pa.array(plan.errors, pa.string())],
+                                         names=[*batch.schema.names, *names, ERROR_COLUMN])
+
+
+__all__ = ["InferStats", "generation_params", "infer_batches", "normalize_label", "run_infer"]

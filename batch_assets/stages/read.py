@@ -1,0 +1,395 @@
+"""Streaming source readers (csv / parquet / jsonl, local or s3://) that attach a stable row id.
+
+Each yields record batches holding the declared columns plus `row_id`, `_source_file` and `_source_row`
+(1-based data row within its file), so later stages can say exactly where a bad row came from.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from batch_assets.errors import PipelineError
+from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, row_hashes, shard_of, stable_hash64
+from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
+from batch_assets.spec import PipelineSpec
+from batch_assets.stages.report import PartitionReport
+from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
+
+# `_row_hash` is the row id's stable 64-bit hash (the one hash shards are assigned by), computed once here and
+# carried: shard routing and the infer step's rows check read it instead of hashing the id again.
+LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row", ROW_HASH)
+_BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
+
+
+class _DropDuplicates(Exception):
+    """Aborts a read's atomic writes: the partition holds repeated ids that the spec's policy drops on a second read."""
+
+    def __init__(self, duplicates):
+        self.duplicates = duplicates
+
+
+def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+    """The read stage for one partition: stream the partition's source rows into its `raw` file."""
+    from batch_assets.partitions import resolve_partition
+    from batch_assets.stages.prepare import resolve_duplicates
+    start = time.perf_counter()
+    part = resolve_partition(spec, key)
+    url = storage.stage_url(spec.name, "raw", key)
+    duplicates = None
+    while True:  # twice at most: a second read only when the first found ids the policy drops
+        scanned = [0]
+        source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
+        unique = UniqueIdChecker()  # 8 bytes a row
+        try:
+            with write_parquet(url) as writer:
+                for batch in read_partition(spec, part, scanned):
+                    if duplicates is not None:
+                        batch = duplicates.filter(batch)
+                    hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
+                    source_ids.add_hashes(hashes)
+                    unique.add_hashes(hashes)
+                    writer.write(batch)
+                if not writer.rows:  # a quiet day, a hash shard no row hashes to: an empty file with the source's columns
+                    writer.schema_if_empty(partition_schema(spec, part))
+                # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
+                found = resolve_duplicates(spec, unique, lambda: read_partition(spec, part))
+                if found is not None:
+                    raise _DropDuplicates(found)
+                writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
+        except _DropDuplicates as redo:
+            if duplicates is not None:  # the drop left repeats: cannot happen unless the source changed under us
+                raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
+                                    fix="materialize the partition again once its files are complete") from None
+            duplicates = redo.duplicates
+            continue
+        break
+    # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
+    return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
+                           {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes,
+                            **_duplicate_metadata(spec, duplicates)})
+
+
+def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
+    """Under a keep_first / keep_last policy, the read always reports what it dropped (0 too: plottable)."""
+    if spec.prepare.duplicate_ids == "fail" or not spec.prepare.id_column:
+        return {}
+    if duplicates is None:
+        return {"duplicate_ids": 0, "duplicate_rows_dropped": 0}
+    return duplicates.metadata()
+
+
+def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
+    """The read stage for several hash shards of one run: every shard reads the whole source, so read it once
+    and route each row to its shard's `raw` file by the hash already computed for its id. Each shard's file is
+    still committed atomically, and only if the whole read succeeded; a row lands in exactly the shard that
+    `run_read` would have put it in (same hash, same modulus)."""
+    from batch_assets.partitions import resolve_partition
+    from batch_assets.stages.prepare import Duplicates, resolve_duplicates
+    start = time.perf_counter()
+    count = spec.partitioning.count or 1
+    index = {k: hash_shard_keys(count).index(k) for k in keys}
+    files = resolve_partition(spec, keys[0]).files
+    scope = PartitionSlice(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", files)
+    urls = {k: storage.stage_url(spec.name, "raw", k) for k in keys}
+    duplicates: dict[str, Duplicates] | None = None
+    while True:  # twice at most, as in `run_read`
+        source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
+        unique = {k: UniqueIdChecker() for k in keys}
+        scanned = [0]
+        try:
+            with ExitStack() as stack:
+                writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
+                for batch in read_partition(spec, scope, scanned):
+                    for found in (duplicates or {}).values():  # a repeated id lives in one shard (same hash)
+                        batch = found.filter(batch)
+                    hashes = row_hashes(batch)
+                    shards = shard_of(hashes, count)
+                    for k, i in index.items():
+                        mask = shards == np.uint64(i)
+                        if mask.any():
+                            source_ids[k].add_hashes(hashes[mask])
+                            unique[k].add_hashes(hashes[mask])
+                            writers[k].write(batch.filter(pa.array(mask)))
+                for k in keys:
+                    if not writers[k].rows:  # no row hashed to this shard: an empty file with the source's columns
+                        writers[k].schema_if_empty(partition_schema(spec, scope))
+                found_now = {}
+                for k in keys:  # still inside every write: a repeated id commits no shard
+                    found = resolve_duplicates(spec, unique[k],
+                                               lambda k=k: read_partition(spec, resolve_partition(spec, k)))
+                    if found is not None:
+                        found_now[k] = found
+                if found_now:
+                    raise _DropDuplicates(found_now)
+                for k in keys:
+                    writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
+        except _DropDuplicates as redo:
+            if duplicates is not None:
+                raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
+                                    fix="materialize the partitions again once their files are complete") from None
+            duplicates = redo.duplicates
+            continue
+        break
+    share = (time.perf_counter() - start) / len(keys)  # one shared read: each shard is charged its share
+    # rows_in: the source rows scanned (once, for every shard), as `run_read` reports for a shard read alone
+    return [PartitionReport(k, scanned[0], writers[k].rows, share, urls[k],
+                            {"source_files": len(files), "read_shared_by": len(keys),
+                             "row_id_check_bytes": unique[k].nbytes,
+                             **_duplicate_metadata(spec, (duplicates or {}).get(k))}) for k in keys]
+
+
+def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None
+                   ) -> Iterator[pa.RecordBatch]:
+    """All rows of one partition, batch by batch, after the partition's row filter; `scanned[0]` counts the rows
+    read before the filter."""
+    for url in part.files:
+        try:
+            for batch in _read_file(spec, url):
+                if scanned is not None:
+                    scanned[0] += batch.num_rows
+                if part.row_filter is not None:
+                    batch = batch.filter(pa.array(part.row_filter(batch), type=pa.bool_()))
+                if batch.num_rows:
+                    yield batch
+        except PipelineError as exc:
+            raise exc.located(pipeline=spec.name, partition=part.key, file=url) from None
+
+
+def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
+    """The schema of the rows a partition's read yields, for a partition that has none: the first batch of its
+    files before the row filter (the types the rows would have had), else, for files with a header and no rows,
+    the declared columns as the readers type them (csv: text; parquet: the file's own types)."""
+    for url in part.files:
+        for batch in _read_file(spec, url):
+            return batch.schema
+    if spec.source.format == "parquet" and part.files:
+        fs, path = filesystem_for(part.files[0])
+        with fs.open(path, "rb") as f:
+            return output_schema(spec, pq.ParquetFile(f, pre_buffer=False).schema_arrow)
+    return output_schema(spec, pa.schema([pa.field(c, pa.string()) for c in spec.source.columns]))
+
+
+def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:
+    fields = [source_schema.field(c) for c in spec.source.columns]
+    return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("_source_file", pa.string()),
+                               pa.field("_source_row", pa.int64()), pa.field(ROW_HASH, pa.uint64())])
+
+
+def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    try:
+        size = fs.size(path)
+    except FileNotFoundError:
+        raise PipelineError("the source file does not exist", fix="check source.path") from None
+    if not size:
+        raise PipelineError(
+            "the source file is empty (0 bytes): it has no header and no rows",
+            fix="remove the empty file or re-export it with its header and rows",
+        )
+    readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
+    next_row = 1
+    checked: pa.Schema | None = None
+    for batch in readers[spec.source.format](spec, url):
+        if batch.schema != checked:
+            _check_text_types(spec, batch, next_row)
+            checked = batch.schema
+        n = batch.num_rows
+        rows = pa.array(np.arange(next_row, next_row + n, dtype=np.int64))
+        ids = _row_ids(spec, url, batch, rows)
+        hashes = pa.array(stable_hash64(ids.to_pylist()), pa.uint64())
+        next_row += n
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(c) for c in spec.source.columns]
+            + [ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes],
+            names=[*spec.source.columns, *LINEAGE_COLUMNS],
+        )
+
+
+def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array) -> pa.Array:
+    id_column = spec.prepare.id_column
+    if id_column is None:
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        return pa.array([f"{name}:{r}" for r in rows.to_pylist()], pa.string())
+    ids = pc.cast(batch.column(id_column), pa.string())
+    blank = pc.or_kleene(pc.is_null(ids), pc.equal(pc.utf8_trim_whitespace(ids), ""))
+    blank = pc.fill_null(blank, True)
+    if pc.any(blank).as_py():
+        i = pc.index(blank, True).as_py()
+        raise PipelineError(
+            "the row id is empty", column=id_column, row=rows[i].as_py(),
+            fix="give every row an id, or drop prepare.id_column to use '<file>:<row>' ids",
+        )
+    return ids
+
+
+def _text_columns(spec: PipelineSpec) -> list[str]:
+    """Columns whose values become text: the row id, the text column, the prompt template's fields."""
+    prep = spec.prepare
+    cols = [prep.id_column, prep.text_column, *prep.template_fields()]
+    return [c for c in dict.fromkeys(cols) if c]
+
+
+def _check_text_types(spec: PipelineSpec, batch: pa.RecordBatch, first_row: int) -> None:
+    """A list, struct, map or binary value would reach the model as its Python repr: refuse it by name instead."""
+    for column in _text_columns(spec):
+        kind = batch.schema.field(column).type
+        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            valid = pc.is_valid(batch.column(column))
+            at = pc.index(valid, True).as_py() if pc.any(valid).as_py() else 0
+            raise PipelineError(
+                f"the column holds {kind} values, not text", column=column, row=first_row + max(at, 0),
+                fix="point the spec at a text column (prepare.text_column / the template's fields / "
+                "prepare.id_column), or convert the column to strings in the source",
+            )
+
+
+def _missing_columns(spec: PipelineSpec, found: list[str]) -> None:
+    missing = [c for c in spec.source.columns if c not in found]
+    if missing:
+        raise PipelineError(
+            f"input column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} not found; the file has "
+            f"columns: {', '.join(found) or '(none)'}",
+            column=missing[0],
+            fix="fix source.columns (and the template) in the spec, or the file's header",
+        )
+
+
+def _csv_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    read_opts = pacsv.ReadOptions(encoding=spec.source.encoding, block_size=_BLOCK)
+    with fs.open(path, "rb") as f:
+        try:
+            header = pacsv.open_csv(f, read_options=read_opts).schema.names
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _csv_error(spec, url, exc, []) from None
+    _missing_columns(spec, header)
+    # Declared columns are read as text: a streamed CSV infers types from its first block, and a later block
+    # that disagrees would fail half-way. Templates and ids are text anyway.
+    convert = pacsv.ConvertOptions(
+        include_columns=spec.source.columns, column_types={c: pa.string() for c in spec.source.columns}
+    )
+    with fs.open(path, "rb") as f:
+        try:
+            reader = pacsv.open_csv(f, read_options=read_opts, convert_options=convert)
+            for batch in reader:
+                yield batch
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _csv_error(spec, url, exc, header) from None
+
+
+def _csv_error(spec: PipelineSpec, url: str, exc: Exception, header: list[str]) -> PipelineError:
+    message = str(exc)
+    if "UTF8" in message or "utf-8" in message.lower() or isinstance(exc, UnicodeDecodeError):
+        row = _first_bad_utf8_row(url)
+        m = re.search(r"column #(\d+)", message)
+        column = header[int(m.group(1))] if m and header and int(m.group(1)) < len(header) else None
+        return PipelineError(
+            f"the file is not valid {spec.source.encoding}",
+            column=column,
+            row=row,
+            fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
+        )
+    if "Empty CSV file" in message:
+        return PipelineError("the CSV file is empty", fix="remove it or add its header and rows")
+    return PipelineError(f"the CSV file could not be parsed: {message}", fix="check quoting and the column count")
+
+
+def _first_bad_utf8_row(url: str) -> int | None:
+    """Error path only: find the data row (1-based, after the header) holding the first invalid UTF-8 byte."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        for line_no, line in enumerate(f):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return line_no  # line 0 is the header, so line N is data row N
+    return None
+
+
+def _line_blocks(f, size: int = _BLOCK) -> Iterator[bytes]:
+    """The file in blocks of about `size` bytes, each ending at a line end: one block in memory at a time.
+
+    pyarrow's streaming JSON reader reads ahead without bound (a 30 MB file was held whole), so we feed it blocks."""
+    rest = b""
+    while True:
+        chunk = f.read(size)
+        if not chunk:
+            break
+        data = rest + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        yield data[: cut + 1]
+        rest = data[cut + 1 :]
+    if rest.strip():
+        yield rest
+
+
+def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    encoding = spec.source.encoding.lower().replace("_", "-")
+    schema: pa.Schema | None = None
+    with fs.open(path, "rb") as raw:
+        try:
+            for block in _line_blocks(raw):
+                if encoding not in ("utf-8", "utf8"):
+                    block = block.decode(spec.source.encoding).encode("utf-8")
+                # the first block fixes the column types, as pyarrow's own streaming reader does
+                parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema \
+                    else pajson.ParseOptions()
+                table = pajson.read_json(pa.BufferReader(block), read_options=pajson.ReadOptions(use_threads=False),
+                                         parse_options=parse)
+                if schema is None:
+                    _missing_columns(spec, table.schema.names)
+                    schema = table.schema
+                for batch in table.select(spec.source.columns).to_batches(max_chunksize=spec.source.batch_rows):
+                    _check_utf8(spec, url, batch)
+                    yield batch
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            message = str(exc)
+            if isinstance(exc, UnicodeDecodeError) or "UTF8" in message or "encoding" in message.lower():
+                raise PipelineError(
+                    f"the file is not valid {spec.source.encoding}",
+                    row=_first_bad_utf8_row(url),
+                    fix="re-encode the file as UTF-8, or set source.encoding in the spec",
+                ) from None
+            raise PipelineError(f"the JSON lines file could not be parsed: {message}",
+                                fix="each line must be one JSON object") from None
+
+
+def _check_utf8(spec: PipelineSpec, url: str, batch: pa.RecordBatch) -> None:
+    """pyarrow's JSON reader passes invalid UTF-8 through into string columns; catch it here, by column and row,
+    before a later stage trips over it."""
+    for name in batch.schema.names:
+        try:
+            batch.column(name).validate(full=True)
+        except pa.ArrowInvalid:
+            line = _first_bad_utf8_row(url)
+            raise PipelineError(
+                f"the file is not valid {spec.source.encoding}", column=name,
+                row=None if line is None else line + 1,  # no header line in JSON lines
+                fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
+            ) from None
+
+
+def _parquet_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        try:
+            pf = pq.ParquetFile(f, pre_buffer=False)  # else every row group is fetched up front
+        except pa.ArrowInvalid as exc:
+            raise PipelineError(f"the file is not a readable Parquet file: {exc}",
+                                fix="check source.format") from None
+        _missing_columns(spec, pf.schema_arrow.names)
+        yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)

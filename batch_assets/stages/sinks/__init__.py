@@ -1,0 +1,1 @@
+"""Where the write stage publishes a partition."""

@@ -1,0 +1,208 @@
+"""Pools: the infer step of every run against one external endpoint takes turns, so runs never add up past the
+endpoint's rate limit; the pool is named once (batch_assets/orchestration/pools.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from batch_assets.orchestration.pools import endpoint_pool, infer_pool
+from batch_assets.spec import parse_spec
+from tests.conftest import GENERATE_SPEC, make_spec, pipeline_definitions
+from tests.daemon_helpers import daily_spec, write_day
+
+DAYS = ["2026-11-01", "2026-11-02"]
+
+
+def test_endpoint_pools_are_named_per_endpoint(tmp_path: Path) -> None:
+    def pool_for(config: dict) -> str | None:
+        spec = make_spec(GENERATE_SPEC, tmp_path, model={"provider": "openai", "config": {"model": "m", **config}})
+        return infer_pool(spec)
+
+    assert pool_for({"base_url": "http://127.0.0.1:8080/v1"}) == "endpoint:127.0.0.1:8080"
+    assert pool_for({"base_url": {"env": "OPENAI_BASE_URL"}}) == "endpoint:$OPENAI_BASE_URL"  # never the value
+    assert pool_for({}) == "endpoint:api.openai.com"
+    assert endpoint_pool(make_spec(GENERATE_SPEC, tmp_path)) is None  # a local model holds no endpoint
+    assert infer_pool(make_spec(GENERATE_SPEC, tmp_path, runtime={"gpus": 1})) == "gpu"
+    assert infer_pool(make_spec(GENERATE_SPEC, tmp_path, runtime={"pool": "shared-api"})) == "shared-api"
+
+
+def _run_day(spec_raw: dict, store: str, instance_ref, day: str) -> None:
+    """One run in its own process, as two run workers of a deployment would be."""
+    instance = dg.DagsterInstance.from_ref(instance_ref)
+    job = pipeline_definitions(parse_spec(spec_raw), store).resolve_job_def("daily_docs_job")
+    assert job.execute_in_process(instance=instance, partition_key=day).success
+
+
+def _blocked_runs(instance, pool: str) -> set[str]:
+    """Runs whose step logged that it waited for a slot of `pool`."""
+    return {run.run_id for run in instance.get_runs() for entry in instance.all_logs(run.run_id)
+            if entry.message == f"Step blocked by limit for pool {pool}"}
+
+
+@pytest.mark.slow
+def test_two_runs_in_one_pool_take_turns_at_the_infer_step(tmp_path: Path) -> None:
+    import multiprocessing
+    import time
+
+    data, log, gate = tmp_path / "data", tmp_path / "model.log", tmp_path / "gate"
+    for day in DAYS:
+        write_day(data, day)
+    raw = daily_spec(data, log, runtime={"pool": "endpoint:test-api"})
+    raw["model"]["config"] = {"class_path": "tests.daemon_helpers:SlowModel",
+                              "init_kwargs": {"log": str(log), "seconds": 0.2, "gate": str(gate)}}
+    job = pipeline_definitions(parse_spec(raw), tmp_path / "store").resolve_job_def("daily_docs_job")
+    assert job.graph.node_named("daily_docs__inferred").definition.pool == "endpoint:test-api"
+    overrides = {"concurrency": {"pools": {"default_limit": 1, "granularity": "op"}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        spawn = multiprocessing.get_context("spawn")
+        workers = [spawn.Process(target=_run_day, args=(raw, str(tmp_path / "store"), instance.get_ref(), day))
+                   for day in DAYS]
+        for w in workers:
+            w.start()
+        try:
+            # One run's infer step holds the pool's slot (held at the model's gate) until the other run's infer
+            # step has reported that it is blocked on the pool: the runs overlap whatever the machine's speed.
+            deadline = time.monotonic() + 240
+            while not _blocked_runs(instance, "endpoint:test-api"):
+                assert time.monotonic() < deadline, "no run waited for the endpoint pool's slot"
+                assert all(w.is_alive() for w in workers), [w.exitcode for w in workers]
+                entered = list(tmp_path.glob("gate.entered.*"))
+                assert len(entered) < 2, "both runs are inside their infer steps at once"
+                time.sleep(0.5)
+        finally:
+            gate.touch()
+            for w in workers:
+                w.join(timeout=240)
+        assert [w.exitcode for w in workers] == [0, 0]
+        assert len(_blocked_runs(instance, "endpoint:test-api")) == 1
+    spans = sorted(tuple(map(float, line.split()[1:])) for line in log.read_text().splitlines()
+                   if line.startswith("span "))
+    assert len(spans) == 2
+    assert spans[0][1] <= spans[1][0], f"infer steps of the two runs overlapped: {spans}"
+
+
+def test_slots_of_runs_that_are_gone_are_freed_and_a_live_holder_is_named(tmp_path: Path) -> None:
+    """Before an infer step asks for its slot: a slot held by a killed run (its process gone) or by a run that has
+    ended is freed and the killed run marked failed; a live holder is named, with how to free it."""
+    import logging
+    import subprocess
+
+    from dagster._core.test_utils import create_run_for_test
+
+    from batch_assets.orchestration.pools import PROCESS_TAG, process_identity, release_dead_slots
+
+    pool = "endpoint:test-api"
+    doomed = subprocess.Popen(["sleep", "60"])
+    dead_identity = process_identity(doomed.pid)
+    doomed.kill()
+    doomed.wait()
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.levelname} {record.getMessage()}")
+
+    log = logging.getLogger("pool-test")
+    log.addHandler(Collect())
+    with dg.instance_for_test() as instance:
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots(pool, 3)
+        killed = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.STARTED,
+                                     tags={PROCESS_TAG: dead_identity})
+        ended = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.SUCCESS)
+        alive = create_run_for_test(instance, job_name="b_job", status=dg.DagsterRunStatus.STARTED,
+                                    tags={PROCESS_TAG: process_identity()})
+        for run in (killed, ended, alive):
+            assert storage.claim_concurrency_slot(pool, run.run_id, "p__inferred").is_claimed
+        freed = release_dead_slots(instance, pool, own_run_id="me", log=log)
+        assert sorted(freed) == sorted([killed.run_id, ended.run_id])
+        assert [s.run_id for s in storage.get_concurrency_info(pool).claimed_slots] == [alive.run_id]
+        failed = instance.get_run_by_id(killed.run_id)
+        assert failed.status == dg.DagsterRunStatus.FAILURE
+        assert any("its process" in r and killed.run_id in r for r in records), records
+        assert not any("is held by" in r for r in records)  # two free slots left: nobody waits
+
+        storage.set_concurrency_slots(pool, 1)
+        release_dead_slots(instance, pool, own_run_id="me", log=log)
+        [held] = [r for r in records if "is held by" in r]
+        assert held.startswith("WARNING") and alive.run_id in held and "b_job" in held
+        assert "python -m batch_assets.pools free" in held
+
+
+def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
+    """`python -m batch_assets.pools status` names who holds a slot; `free <run id>` frees it and marks the run
+    failed (what troubleshooting.md tells a user whose run waits on a holder from another machine)."""
+    import os
+    import subprocess
+    import sys
+
+    from dagster._core.test_utils import create_run_for_test
+
+    from tests.daemon_helpers import ROOT, dagster_home
+
+    home = dagster_home(tmp_path / "home")
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    pool = "endpoint:test-api"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = create_run_for_test(instance, job_name="a_job", status=dg.DagsterRunStatus.STARTED)
+        instance.event_log_storage.set_concurrency_slots(pool, 1)
+        assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "a__inferred").is_claimed
+
+    def pools(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.pools", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    assert f"{pool}: 1 slot(s), held by: {run.run_id} (a__inferred)" in pools("status")
+    pools("free", run.run_id)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert "held by: none" in pools("status", pool)
+
+
+def _hold_slot(instance_ref, pool: str, hold_s: float, out: str) -> None:
+    """One infer step's use of the pool, in its own process: when it got the slot and when it let go."""
+    import time
+
+    from batch_assets.orchestration.pools import host_pool_slot
+
+    instance = dg.DagsterInstance.from_ref(instance_ref)
+    with host_pool_slot(instance, pool):
+        start = time.time()
+        time.sleep(hold_s)
+        end = time.time()
+    Path(out).write_text(f"{start} {end}")
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp_path: Path, slots: int) -> None:
+    """Dagster's slot claim is not exclusive on SQLite (FOR UPDATE is ignored: two claims milliseconds apart can
+    both get the last slot), so on SQLite the infer step also holds a host lock per slot (pools.host_pool_slot).
+    Three processes enter at once: with one slot they take turns; with two, two overlap and the third waits."""
+    import multiprocessing
+
+    with dg.DagsterInstance.from_config(str(_home(tmp_path))) as instance:
+        instance.event_log_storage.set_concurrency_slots("gpu", slots)
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_hold_slot, args=(instance.get_ref(), "gpu", 1.5, str(tmp_path / f"{i}.txt")))
+                 for i in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    spans = sorted(tuple(map(float, (tmp_path / f"{i}.txt").read_text().split())) for i in range(3))
+    overlapping = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert overlapping == slots, spans
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return home

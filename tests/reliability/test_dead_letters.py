@@ -1,0 +1,157 @@
+"""Dead letters and the response cache, through the real OpenAI-compatible provider over HTTP.
+
+The endpoint is the fault proxy on loopback answering by itself (`Echo`: the completion is `echo:<prompt>`), so every
+model call is counted per row. Two rows fail with 500s until the "outage" ends; then the retry command re-runs only
+those two, merges them in and leaves the good rows untouched; a rerun with the cache on costs no model call at all,
+in this pipeline or another one asking the same model the same prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow.parquet as pq
+import yaml
+
+from batch_assets.reliability.dead_letters import dead_letter_url
+from batch_assets.spec import parse_spec
+from batch_assets.storage import ArrowStorage
+from tests.conftest import read_output, run_pipeline, write_jsonl
+from tests.providers.fault_proxy import Echo, FaultProxy, Respond
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAKY = {"Say row 3", "Say row 7"}
+
+
+def _raw_spec(data: Path, base_url: str, name: str = "echoes") -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+        "partitioning": {"kind": "static", "keys": ["a"]},
+        "prepare": {"id_column": "doc_id", "template": "Say {text}"},
+        "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+        "model": {"provider": "openai", "config": {"model": "echo", "base_url": base_url, "max_attempts": 2,
+                                                     "backoff_base_s": 0.01, "backoff_max_s": 0.02}},
+        "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5, "response_cache": True},
+    }
+
+
+def _metadata(result: dg.ExecuteInProcessResult, name: str) -> dict[str, Any]:
+    (mat,) = result.asset_materializations_for_node(f"{name}__inferred")
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
+    outage = {"on": True}
+
+    def script(key: str, attempt: int):
+        return Respond(500, {"error": {"message": "upstream down"}}) if key in FLAKY and outage["on"] else Echo()
+
+    data, store, pipelines = tmp_path / "data", tmp_path / "store", tmp_path / "pipelines"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
+    with FaultProxy(script) as proxy:
+        raw = _raw_spec(data, proxy.url)
+        spec = parse_spec(raw)
+        first = run_pipeline(spec, store, ["a"])
+        assert first.success
+        out = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert sorted(out) == [f"d{i}" for i in range(10)]
+        assert {k for k, r in out.items() if r["error"]} == {"d3", "d7"}
+        assert out["d1"]["generated_text"] == "echo:Say row 1"
+        calls = {k: len(proxy.attempts_for(k)) for k in (f"Say row {i}" for i in range(10))}
+        assert calls["Say row 1"] == 1 and calls["Say row 3"] == 2  # the failing rows used both attempts
+
+        dead = pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).to_pylist()
+        assert sorted(d["row_id"] for d in dead) == ["d3", "d7"]
+        assert all(d["error_class"] == "transient" and "500" in d["error"] for d in dead), dead
+        assert {d["model_input"] for d in dead} == FLAKY and all(d["_source_file"].endswith("a.jsonl") for d in dead)
+
+        # the outage ends: retry only the dead letters, with the documented command
+        outage["on"] = False
+        pipelines.mkdir()
+        (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT)}
+        env.pop("DAGSTER_HOME", None)
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+                               "--storage-root", str(store)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "retried 2 rows, 0 still failed; 0 dead letters, 10 rows published" in proc.stdout
+        after = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert after["d3"]["error"] is None and after["d3"]["generated_text"] == "echo:Say row 3"
+        assert {k: v for k, v in after.items() if k not in ("d3", "d7")} == \
+            {k: v for k, v in out.items() if k not in ("d3", "d7")}  # good rows untouched
+        assert [r["doc_id"] for r in read_output(spec, store, "a").to_pylist()] == [f"d{i}" for i in range(10)]
+        assert pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).num_rows == 0
+        retried_calls = {k: len(proxy.attempts_for(k)) for k in calls}
+        assert retried_calls["Say row 3"] == 3 and retried_calls["Say row 1"] == 1  # only dead letters were re-sent
+
+        # re-materialize: already made from the same source and spec (batch_assets/orchestration/lineage.py), no model call at all
+        again = run_pipeline(spec, store, ["a"])
+        assert again.success
+        meta = _metadata(again, "echoes")
+        assert meta["skipped"].startswith("skipped: this partition was already made by run")
+        assert {k: len(proxy.attempts_for(k)) for k in calls} == retried_calls
+        assert read_output(spec, store, "a").to_pylist() == list(after.values())  # the same rows, in order
+
+        # another pipeline asking the same model the same prompts shares the cache
+        other = parse_spec({**copy.deepcopy(raw), "name": "echoes_too"})
+        third = run_pipeline(other, store, ["a"])
+        assert third.success and _metadata(third, "echoes_too")["cache_hits"] == 10
+        assert {k: len(proxy.attempts_for(k)) for k in calls} == retried_calls
+
+
+def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_path: Path, s3_bucket: str) -> None:
+    """The documented command with DAGSTER_HOME set, on an s3:// storage root: one dead letter recovers, one still
+    fails (its endpoint is still down) and stays a dead letter; the instance holds the output's materialization for
+    the partition with the command's counts."""
+    from tests.daemon_helpers import dagster_home
+
+    down = {"Say row 3", "Say row 7"}
+
+    def script(key: str, attempt: int):
+        return Respond(500, {"error": {"message": "upstream down"}}) if key in down else Echo()
+
+    data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", f"{s3_bucket}/store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
+    home = dagster_home(tmp_path / "home")
+    with FaultProxy(script) as proxy:
+        raw = {**_raw_spec(data, proxy.url), "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5}}
+        spec = parse_spec(raw)
+        assert run_pipeline(spec, store, ["a"]).success
+        before = {r["doc_id"]: r for r in read_output(spec, store, "a").to_pylist()}
+        assert {k for k, r in before.items() if r["error"]} == {"d3", "d7"}
+
+        down.discard("Say row 3")  # row 3's endpoint is back; row 7's is not
+        pipelines.mkdir()
+        (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
+        env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(home)}
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+                               "--storage-root", store], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "retried 2 rows, 1 still failed; 1 dead letters, 10 rows published" in proc.stdout
+
+    after = read_output(spec, store, "a").to_pylist()
+    assert [r["doc_id"] for r in after] == [f"d{i}" for i in range(10)]  # every row once, in its place
+    by_id = {r["doc_id"]: r for r in after}
+    assert by_id["d3"]["error"] is None and by_id["d3"]["generated_text"] == "echo:Say row 3"
+    assert by_id["d7"]["generated_text"] is None and "500" in by_id["d7"]["error"]
+    assert {k: v for k, v in by_id.items() if k not in ("d3", "d7")} == \
+        {k: v for k, v in before.items() if k not in ("d3", "d7")}
+    dead = pq.read_table(dead_letter_url(ArrowStorage(root=store), "echoes", "a")).to_pylist()
+    assert [d["row_id"] for d in dead] == ["d7"] and dead[0]["error_class"] == "transient"
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey(["echoes", "output"]))
+    assert event is not None, "the retry recorded no materialization in DAGSTER_HOME"
+    materialization = event.asset_materialization
+    assert materialization.partition == "a"
+    assert {k: v.value for k, v in materialization.metadata.items()} == \
+        {"retried": 2, "still_failed": 1, "dead_letters": 1, "rows": 10}
