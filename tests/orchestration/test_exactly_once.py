@@ -106,10 +106,10 @@ def test_a_schedule_does_not_run_a_day_another_launch_path_is_making_or_made(tmp
         schedule = defs.resolve_schedule_def(schedule_name(spec))
 
         def tick():
-            context = dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
-                                                repository_def=defs.get_repository_def(),
-                                                resources={STORAGE_KEY: ArrowStorage(root=str(store))})
-            return schedule.evaluate_tick(context)
+            with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
+                                           repository_def=defs.get_repository_def(),
+                                           resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
+                return schedule.evaluate_tick(context)
 
         sensor_run = create_run_for_test(instance, job_name=f"{spec.name}_job", status=dg.DagsterRunStatus.STARTED,
                                          tags={"dagster/partition": DAYS[1], "batch/launched_by": "sensor"})

@@ -35,9 +35,11 @@ def _schedule(spec):
 def _tick(spec, at: dt.datetime):
     with dg.instance_for_test() as instance:
         schedule, repo = _schedule(spec)
-        context = dg.build_schedule_context(instance=instance, scheduled_execution_time=at, repository_def=repo,
-                                            resources=_storage())
-        return schedule.evaluate_tick(context)
+        # as a context manager: what the context opens (its resources) is closed here, in order, not when it is
+        # collected after this instance has gone (a later test then found a dead instance's state storage)
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=at, repository_def=repo,
+                                       resources=_storage()) as context:
+            return schedule.evaluate_tick(context)
 
 
 def _spec(tmp_path: Path, **sections):
@@ -83,9 +85,9 @@ def test_shipped_daily_pipeline_has_a_running_schedule_for_yesterday() -> None:
         schedule, repo = _schedule(spec)
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
         assert schedule.cron_schedule == "30 1 * * *"
-        context = dg.build_schedule_context(instance=instance, repository_def=repo, resources=_storage(),
-                                            scheduled_execution_time=dt.datetime(2026, 11, 21, 1, 30, tzinfo=UTC))
-        [request] = schedule.evaluate_tick(context).run_requests
+        with dg.build_schedule_context(instance=instance, repository_def=repo, resources=_storage(),
+                                       scheduled_execution_time=dt.datetime(2026, 11, 21, 1, 30, tzinfo=UTC)) as context:
+            [request] = schedule.evaluate_tick(context).run_requests
     assert request.partition_key == "2026-11-20"  # a sample pipeline writes the day's file itself
 
 

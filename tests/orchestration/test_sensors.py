@@ -59,10 +59,10 @@ class Ticker:
         self.repo = defs.get_repository_def()
 
     def tick(self) -> Any:
-        context = dg.build_sensor_context(instance=self.instance, instance_ref=self.instance.get_ref(),
-                                          cursor=self.cursor, repository_def=self.repo,
-                                          resources={STORAGE_KEY: self.storage})
-        result = self.sensor.evaluate_tick(context)
+        with dg.build_sensor_context(instance=self.instance, instance_ref=self.instance.get_ref(),
+                                     cursor=self.cursor, repository_def=self.repo,
+                                     resources={STORAGE_KEY: self.storage}) as context:
+            result = self.sensor.evaluate_tick(context)
         for request in result.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
         if result.cursor is not None:
