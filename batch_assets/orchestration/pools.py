@@ -187,6 +187,7 @@ if __name__ == "__main__":
 # run at once, whatever the database granted. A killed process's lock is released by the OS with it.
 _LOCK_POLL_S = 0.5
 HOST_SLOT_MESSAGE = "SQLite instance: this infer step holds host slot"
+HOST_SLOT_RELEASED = "SQLite instance: this infer step released host slot"
 
 
 def _sqlite_lock_dir(instance) -> "str | None":
@@ -230,6 +231,8 @@ def host_pool_slot(instance, pool: str, log=None):
                 yield
             finally:
                 lock.release()
+                if log is not None:
+                    log.debug(f"{HOST_SLOT_RELEASED} {i + 1} of pool {pool!r}")
             return
         if not said and log is not None:
             log.warning(f"Pool {pool!r}: the SQLite instance granted this step a slot that another infer step on "

@@ -193,19 +193,21 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
         from dagster import DagsterEventType, DagsterInstance
 
         with DagsterInstance.from_config(str(k8s_dagster_home)) as instance:
-            # The work of an infer step starts when it holds the slot: on this SQLite instance the step also takes
+            # The work of an infer step runs while it holds the slot: on this SQLite instance the step also takes
             # a host lock per slot, since SQLite's slot claim is not exclusive (pools.host_pool_slot), and a step
             # the database let through too early waits there after its STEP_START.
-            from batch_assets.orchestration.pools import HOST_SLOT_MESSAGE
+            from batch_assets.orchestration.pools import HOST_SLOT_MESSAGE, HOST_SLOT_RELEASED
 
             spans = []
             for run_id in [*ui_runs.values(), *[r["runId"] for r in _runs(port, [])]]:
                 events = [e for e in instance.all_logs(run_id) if e.step_key and e.step_key.endswith("__inferred")]
                 times = {e.dagster_event.event_type: e.timestamp for e in events if e.dagster_event}
                 held = [e.timestamp for e in events if HOST_SLOT_MESSAGE in (e.user_message or "")]
-                assert len(held) == 1, [e.user_message for e in events]
-                assert held[0] >= times[DagsterEventType.STEP_START]
-                spans.append((held[0], times[DagsterEventType.STEP_SUCCESS]))
+                released = [e.timestamp for e in events if HOST_SLOT_RELEASED in (e.user_message or "")]
+                assert len(held) == len(released) == 1, [e.user_message for e in events]
+                assert times[DagsterEventType.STEP_START] <= held[0] < released[0] <= times[
+                    DagsterEventType.STEP_SUCCESS]
+                spans.append((held[0], released[0]))
             # the run log says what the policy chose, before the step starts
             messages = [e.message for e in instance.all_logs(ui_runs["b"], of_type=DagsterEventType.ENGINE_EVENT)]
             assert any("Resource policy for docs__inferred over partitions b: 2 GPU(s), cpu 4, memory 8Gi" in m
