@@ -1,21 +1,29 @@
 """A pipeline declared once: source, partitioning, preparation, task, model and sink.
 
-Specs are YAML files validated by pydantic (typed, with field paths in every error) and turned into Dagster
-assets by `orchestration/factory.py`. We chose pydantic + YAML over a Dagster component because a spec must also be readable
-outside a Dagster process (the demo driver, benchmarks, tests) and because pydantic's validators let us cross-check
-fields (template columns against source columns, task against provider capability) at definition load.
+A spec is a YAML file in batch_assets/pipelines/, or the attributes of a Dagster Component (`BatchInferencePipeline`,
+batch_assets/components/pipeline.py, whose attribute model is this PipelineSpec); either way it is validated by
+pydantic (typed, with field paths in every error) and turned into Dagster assets by orchestration/factory.py. The
+spec itself stays a plain pydantic model, readable outside a Dagster process (the demo driver, benchmarks, tests),
+and its validators cross-check fields (template columns against source columns, task against provider capability,
+sink and source formats against their registries) at definition load.
+
+Over 400 lines, on purpose: the sections are small models, and the cross-field checks below need all of them at
+once; spread over several modules, each check would send the reader to every one of them.
 """
 
 from __future__ import annotations
 
 import re
 import string
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
+from batch_assets.stages.sinks import SINKS, sink_for
+from batch_assets.stages.sources import SOURCES
 from resources.protocols import supports
 from resources.registry import PROVIDERS, provider_class
 from resources.secrets import literal_secret_problem, literal_secrets
@@ -38,7 +46,7 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
-    format: Literal["csv", "parquet", "jsonl"] = Field(description="File format of every source file.")
+    format: Literal[tuple(SOURCES)] = Field(description="File format of every source file.")
     path: str = Field(
         description="Local path (relative paths resolve against the project folder) or s3://bucket/key. May hold "
         "a glob (*, **, ?) and the token {partition}, replaced by the partition key."
@@ -205,7 +213,7 @@ class SinkSpec(_Strict):
         description="Folder or s3:// prefix for outputs (default: <storage root>/<pipeline>/output); for lancedb "
         "the database folder or s3:// URI.",
     )
-    format: Literal["parquet", "jsonl", "csv", "lancedb"] = Field(
+    format: Literal[tuple(SINKS)] = Field(
         default="parquet",
         description="parquet / jsonl / csv: one file per partition. lancedb: one vector-store table, each row "
         "tagged with its partition_key; a re-materialized partition replaces its rows in one commit.",
@@ -224,13 +232,38 @@ class Toleration(_Strict):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
 
+def parse_quantity(value: str | int, field_name: str) -> Decimal:
+    """A Kubernetes quantity ('500m', '16Gi', '2') as a number, with the kubernetes client's own parser."""
+    from kubernetes.utils.quantity import parse_quantity as k8s_parse  # the kubernetes client: slow to import
+
+    try:
+        return k8s_parse(value)
+    except ValueError:
+        raise ValueError(
+            f"{field_name} {value!r} is not a Kubernetes quantity (examples: '4', '500m', '16Gi', '2G')"
+        ) from None
+
+
 def _check_quantity(value: str | None, field: str) -> str | None:
     if value is None:
         return None
-    from batch_assets.orchestration.resource_policy import parse_quantity
-
     parse_quantity(value, field)
     return value
+
+
+def replicas_problem(provider: str, config: dict[str, Any]) -> str | None:
+    """Why `gpu_strategy: replicas` cannot run with this provider and config, or None when it can (each provider
+    declares `runs_replicas` and its config's problems, resources/base.py)."""
+    cls = provider_class(provider)
+    if not cls.runs_replicas:
+        return (f"the {provider!r} provider runs one model in one process; replicas are run by the "
+                f"{' and '.join(repr(p) for p in replica_providers())} providers")
+    return cls.replicas_config_problem(config)
+
+
+def replica_providers() -> list[str]:
+    """The providers that run `gpu_strategy: replicas` (one model copy per GPU inside the step's pod)."""
+    return [name for name in PROVIDERS if provider_class(name).runs_replicas]
 
 
 class InferResources(_Strict):
@@ -552,8 +585,6 @@ class PipelineSpec(_Strict):
                              "own in the source metadata: use partitions overrides instead"))
         policy = self.runtime.resources
         if any(r.gpu_strategy == "replicas" for r in (policy.default, *policy.partitions.values(), *policy.by_size)):
-            from batch_assets.orchestration.resource_policy import replicas_problem
-
             problem = replicas_problem(self.model.provider, self.model.config)
             if problem is not None:
                 problems.append(("runtime.resources.gpu_strategy", f"'replicas', but {problem}"))
@@ -594,26 +625,10 @@ class PipelineSpec(_Strict):
             problems.append(("task.output_column", f"output column(s) {clash} would overwrite source columns: rename"))
         if self.evaluation is not None:
             problems += self._evaluation_problems(columns, known)
-        if self.sink.format == "csv" and task.kind in ("embed", "embed_image"):
-            problems.append(("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl"))
-        problems += self._sink_problems()
+        problems += sink_for(self.sink.format).spec_problems(self)  # stages/sinks/<format>.py
         if problems:
             raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))
         return self
-
-    def _sink_problems(self) -> list[tuple[str, str]]:
-        sink = self.sink
-        if sink.format != "lancedb":
-            return [("sink.table", "table applies to the lancedb sink only")] if sink.table else []
-        problems = []
-        if "partition_key" in self.source.columns or "partition_key" in (sink.columns or []):
-            problems.append(("sink.columns", "the lancedb sink adds column 'partition_key' itself: rename yours"))
-        if sink.columns is not None and not {"row_id", self.prepare.id_column} & set(sink.columns):
-            problems.append(("sink.columns", "the lancedb sink replaces rows by id: include row_id"
-                             + (f" or {self.prepare.id_column}" if self.prepare.id_column else "")))
-        if sink.table is not None and not NAME_RE.match(sink.table):
-            problems.append(("sink.table", f"{sink.table!r} must match {NAME_RE.pattern}"))
-        return problems
 
     def _evaluation_problems(self, columns: set[str], known: str) -> list[tuple[str, str]]:
         label = self.evaluation.label_column  # type: ignore[union-attr]

@@ -11,12 +11,13 @@ import os
 import sys
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 from pydantic import PrivateAttr
 
 from resources.errors import ModelLoadError
+from resources.secrets import env_secret_values, is_secret_name, resolve_env_refs, scrub
 
 # How many times each provider class loaded a model in this process. Tests read it; the run log says the same.
 LOAD_COUNTS: Counter[str] = Counter()
@@ -65,6 +66,23 @@ class ModelResource(dg.ConfigurableResource):
     _model: Any = PrivateAttr(default=None)
     _load_seconds: float = PrivateAttr(default=0.0)
 
+    # -- what orchestration needs to know, declared by the provider (no table of provider names elsewhere) -------
+    # Dagster kinds shown on the pipeline's infer asset (its tags and icons in the UI).
+    dagster_kinds: ClassVar[frozenset[str]] = frozenset({"python"})
+    # A hosted HTTP API: the host its calls go to when the config sets no `base_url`. Every infer step calling one
+    # endpoint holds the Dagster pool `endpoint:<host>` (batch_assets/orchestration/pools.py), and the infer
+    # asset's metadata says the model ran remotely. None: the model runs in the step's own process.
+    default_endpoint: ClassVar[str | None] = None
+    # Several GPUs in one step (runtime.resources gpu_strategy): one model copy per GPU (`replicas`), or one model
+    # sharded over all of them (`tensor_parallel`). A provider that does neither runs its model on one GPU.
+    runs_replicas: ClassVar[bool] = False
+    runs_tensor_parallel: ClassVar[bool] = False
+
+    @classmethod
+    def replicas_config_problem(cls, config: dict[str, Any]) -> str | None:
+        """Why this `model.config` cannot run `gpu_strategy: replicas` (asked only when `runs_replicas`), or None."""
+        return None
+
     # -- to implement ---------------------------------------------------------------------------------------------
     def load(self) -> Any:
         raise NotImplementedError
@@ -76,8 +94,6 @@ class ModelResource(dg.ConfigurableResource):
     def secret_values(self) -> list[str]:
         """Values that must never appear in an error or a log line: secret-named fields and every variable a
         nested `{env: NAME}` refers to."""
-        from resources.secrets import env_secret_values, is_secret_name
-
         values: list[str] = []
         for name in type(self).model_fields:
             value = getattr(self, name, None)
@@ -90,8 +106,6 @@ class ModelResource(dg.ConfigurableResource):
     def config_value(self, name: str) -> Any:
         """A dict/list field with its nested `{env: NAME}` references read from the environment (at load time, in
         the run's process: the value never reaches the config Dagster stores and shows)."""
-        from resources.secrets import resolve_env_refs
-
         return resolve_env_refs(getattr(self, name), f"model.config.{name}")
 
     def describe(self) -> dict[str, Any]:
@@ -109,8 +123,6 @@ class ModelResource(dg.ConfigurableResource):
         except ImportError:
             raise
         except Exception as exc:  # re-raised with the model named (and secrets masked): a failed load fails the step
-            from resources.secrets import scrub
-
             message = scrub(f"{type(self).__name__} could not load model {self.model_name()!r}: {exc}",
                             self.secret_values())
             raise ModelLoadError(message) from None

@@ -37,9 +37,10 @@ def test_shipped_quote_sensor_launches_runs_that_pass_their_blocking_checks(tmp_
 
     with dg.instance_for_test() as instance:
         def tick(cursor):
+            store = ArrowStorage(root=str(tmp_path / "store"))
             with dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(), cursor=cursor,
                                          repository_def=defs.get_repository_def(),
-                                         resources={STORAGE_KEY: ArrowStorage(root=str(tmp_path / "store"))}) as context:
+                                         resources={STORAGE_KEY: store}) as context:
                 result = sensor.evaluate_tick(context)
             for request in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))

@@ -30,7 +30,7 @@ class PipelineScaffolder(Scaffolder):
                              f"{NAME_RE.pattern}")
         request.target_path.mkdir(parents=True, exist_ok=True)
         (request.target_path / "defs.yaml").write_text(textwrap.dedent(f"""\
-            # A batch-inference pipeline; attributes are a pipeline spec (docs/pipeline-spec.md).
+            # A batch-inference pipeline; attributes are a pipeline spec (every field: docs/spec-reference.md).
             type: {request.type_name}
             attributes:
               name: {name}

@@ -46,12 +46,6 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_p
 
 STAGES = ("raw", "prepared", "inferred", "output")
 STORAGE_KEY = "storage"
-PROVIDER_KINDS = {
-    "sentence_transformers": {"pytorch", "huggingface"},
-    "transformers": {"pytorch", "huggingface"},
-    "openai": {"openai"},
-    "vllm": {"vllm"},
-}
 
 
 def model_resource_key(spec: PipelineSpec) -> str:
@@ -204,7 +198,7 @@ def _id_column(spec: PipelineSpec) -> str:
 def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
     if describe.get("device"):
         return str(describe["device"])
-    if spec.model.provider == "openai":
+    if provider_class(spec.model.provider).default_endpoint is not None:
         return "remote (HTTP API)"
     device = getattr(provider, "device", None)
     if isinstance(device, str):
@@ -378,7 +372,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   f"{spec.runtime.chunk_rows} rows per model call, each chunk committed so a rerun resumes. Row "
                   "failures are recorded in `error`; blocking checks (rows exactly once against the source, error "
                   "rate, output schema) must pass before the output is published.",
-                  PROVIDER_KINDS.get(spec.model.provider, {"python"}) | {"pyarrow"},
+                  set(provider_class(spec.model.provider).dagster_kinds) | {"pyarrow"},
                   {STORAGE_KEY, model_key},
                   check_specs=infer_checks,
                   op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))

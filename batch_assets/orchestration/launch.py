@@ -1,19 +1,8 @@
-"""A pipeline's automatic launch paths, gathered for the code location and for component pipelines alike, and
-the command that starts a backfill the daemon runs by the spec's policy:
-
-    python -m batch_assets.launch backfill <pipeline> --from <first> --to <last>   (or --partitions a,b / --all)
-
-It records an *asset* backfill of the pipeline's four assets in the instance at $DAGSTER_HOME (what the UI's
-backfill dialog does), so the daemon (`make ui`, or a deployment's daemon) runs it by the spec's `backfill`
-policy: `single_run` makes one run for the whole range. Dagster's own `dagster job backfill` makes a *job*
-backfill, which is always one run per partition, whatever the policy (docs/launch-paths.md).
-"""
+"""A pipeline's automatic launch paths, gathered for the code location and for component pipelines alike: its
+schedule, its sensor on new source files, or its declarative-automation sensor (launch-paths.md). The backfill
+command is batch_assets/launch.py."""
 
 from __future__ import annotations
-
-import argparse
-import os
-import sys
 
 import dagster as dg
 
@@ -23,8 +12,6 @@ from batch_assets.orchestration.schedules import build_schedule
 from batch_assets.orchestration.sensors import build_sensor
 from batch_assets.spec import PipelineSpec
 
-STAGES = ("raw", "prepared", "inferred", "output")
-
 
 def launch_definitions(spec: PipelineSpec) -> dg.Definitions:
     """The pipeline's schedule and/or sensor, or its automation sensor, when its spec declares them."""
@@ -32,79 +19,3 @@ def launch_definitions(spec: PipelineSpec) -> dg.Definitions:
     automation = build_automation_sensor(spec)
     return dg.Definitions(schedules=[schedule] if schedule else [],
                           sensors=[s for s in (sensor, automation) if s is not None])
-
-
-def request_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, pipeline: str, first: str | None = None,
-                     last: str | None = None, partitions: list[str] | None = None, all_partitions: bool = False,
-                     tags: dict[str, str] | None = None) -> tuple[str, list[str]]:
-    """Record an asset backfill of the pipeline's four assets; (backfill id, partition keys)."""
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
-    from dagster._time import get_current_timestamp
-
-    graph = defs.resolve_asset_graph()
-    keys = [dg.AssetKey([pipeline, stage]) for stage in STAGES]
-    missing = [k.to_user_string() for k in keys if not graph.has(k)]
-    if missing:
-        raise SystemExit(f"pipeline {pipeline!r} is not in the code location (no asset {missing[0]}); "
-                         "`dg list defs` lists the pipelines")
-    pdef = graph.get(keys[0]).partitions_def
-    assert pdef is not None
-    with dg.partition_loading_context(dynamic_partitions_store=instance):
-        every = pdef.get_partition_keys()
-        if all_partitions:
-            names = list(every)
-        elif partitions:
-            unknown = [p for p in partitions if p not in every]
-            if unknown:
-                raise SystemExit(f"{unknown[0]!r} is not a partition of {pipeline} (first: {every[:1]}, last: "
-                                 f"{every[-1:]})")
-            names = partitions
-        else:
-            first, last = first or every[0], last or every[-1]
-            for key in (first, last):
-                if key not in every:
-                    raise SystemExit(f"{key!r} is not a partition of {pipeline}")
-            names = list(pdef.get_partition_keys_in_range(dg.PartitionKeyRange(first, last)))
-
-    backfill_id = make_new_backfill_id()
-    instance.add_backfill(PartitionBackfill.from_asset_partitions(
-        backfill_id=backfill_id, asset_graph=graph, partition_names=names, asset_selection=keys,
-        backfill_timestamp=get_current_timestamp(), tags=tags or {}, dynamic_partitions_store=instance,
-        all_partitions=False, title=f"{pipeline} {names[0]}...{names[-1]}" if names else pipeline,
-        description="requested by python -m batch_assets.launch backfill", run_config=None))
-    return backfill_id, names
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batch_assets.launch", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    backfill = sub.add_parser("backfill", help="record a backfill that the daemon runs by the spec's policy")
-    backfill.add_argument("pipeline")
-    backfill.add_argument("--from", dest="first", help="first partition (default: the first)")
-    backfill.add_argument("--to", dest="last", help="last partition, included (default: the last)")
-    backfill.add_argument("--partitions", help="comma-separated partition keys instead of a range")
-    backfill.add_argument("--all", action="store_true", help="every partition")
-    backfill.add_argument("--rerun", action="store_true",
-                          help="redo partitions already made from the same source and spec (tag batch/rerun=force)")
-    args = parser.parse_args(argv)
-    if not os.environ.get("DAGSTER_HOME"):
-        print("DAGSTER_HOME is not set: point it at the instance the daemon uses (`make ui` uses "
-              "./.dagster_home: DAGSTER_HOME=$PWD/.dagster_home)", file=sys.stderr)
-        return 2
-    from batch_assets.definitions import defs
-    from batch_assets.orchestration.lineage import FORCE, RERUN_TAG
-
-    with dg.DagsterInstance.get() as instance:
-        backfill_id, names = request_backfill(
-            instance, defs, args.pipeline, args.first, args.last,
-            [p.strip() for p in args.partitions.split(",") if p.strip()] if args.partitions else None,
-            args.all, {RERUN_TAG: FORCE} if args.rerun else None)
-    print(f"Requested backfill {backfill_id}: {args.pipeline}, {len(names)} partition(s) "
-          f"{names[0] if names else ''}...{names[-1] if names else ''}; the daemon runs it by the spec's backfill "
-          f"policy. Watch it in the UI: Overview > Backfills.")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

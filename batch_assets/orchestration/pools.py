@@ -22,14 +22,15 @@ import contextlib
 from urllib.parse import urlparse
 
 from batch_assets.spec import PipelineSpec
+from resources.registry import provider_class
 
 GPU_POOL = "gpu"
-ENDPOINT_PROVIDERS = {"openai": "api.openai.com"}  # provider -> host when base_url is not set
 
 
 def endpoint_pool(spec: PipelineSpec) -> str | None:
-    """`endpoint:<host[:port]>` for providers that call an external HTTP endpoint, else None."""
-    default_host = ENDPOINT_PROVIDERS.get(spec.model.provider)
+    """`endpoint:<host[:port]>` for providers that call an external HTTP endpoint (those declaring a
+    `default_endpoint`, resources/base.py), else None."""
+    default_host = provider_class(spec.model.provider).default_endpoint
     if default_host is None:
         return None
     base_url = spec.model.config.get("base_url")
@@ -143,40 +144,6 @@ def release_dead_slots(instance, pool: str, own_run_id: str | None = None, log=N
                     f"`{FREE_COMMAND}` (or the UI: Deployment > Concurrency > {pool}); to let steps share the "
                     f"endpoint, raise the pool: `dagster instance concurrency set '{pool}' 2`.")
     return freed
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m batch_assets.pools status [pool]` lists who holds each pool's slots; `free <run id>` frees the
-    slots of a run that is gone (marking it failed)."""
-    import argparse
-
-    import dagster as dg
-
-    parser = argparse.ArgumentParser(prog="python -m batch_assets.pools", description=main.__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="who holds the slots of each pool")
-    status.add_argument("pool", nargs="?")
-    free = sub.add_parser("free", help="free the slots of a run that is gone, and mark it failed")
-    free.add_argument("run_id")
-    args = parser.parse_args(argv)
-    with dg.DagsterInstance.get() as instance:
-        if args.command == "free":
-            free_run_slots(instance, args.run_id, "Marked failed and its pool slots freed by "
-                                                  "`python -m batch_assets.pools free`.")
-            print(f"Freed the pool slots of run {args.run_id}.")
-            return 0
-        pools = [args.pool] if args.pool else sorted(instance.event_log_storage.get_concurrency_keys())
-        for pool in pools:
-            info = instance.event_log_storage.get_concurrency_info(pool)
-            held = ", ".join(f"{s.run_id} ({s.step_key})" for s in info.claimed_slots) or "none"
-            print(f"{pool}: {info.slot_count} slot(s), held by: {held}; {info.pending_step_count} step(s) waiting")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
 
 
 # Dagster claims a pool slot with `SELECT ... FOR UPDATE SKIP LOCKED` and then an UPDATE of that row with no guard

@@ -24,7 +24,18 @@ from functools import cached_property
 from typing import Any
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PARTITION_TOKEN, InferResources, PipelineSpec, Toleration
+from batch_assets.partitions import resolve_partition
+from batch_assets.spec import (
+    PARTITION_TOKEN,
+    InferResources,
+    PipelineSpec,
+    Toleration,
+    parse_quantity,
+    replica_providers,
+    replicas_problem,
+)
+from batch_assets.storage import filesystem_for, parquet_rows
+from resources.registry import provider_class
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Set on the infer container; providers read it at load (resources/base.py: device; vLLM: tensor_parallel_size).
@@ -40,14 +51,6 @@ GPU_DEFAULT_CPU_PER_GPU = 4
 # Tensor parallelism exchanges activations through /dev/shm (NCCL); Kubernetes gives a container 64 MB there.
 # A memory-backed emptyDir of this size is mounted instead; it counts against the pod's memory limit.
 TP_SHM_SIZE = "8Gi"
-# Providers that run `gpu_strategy: replicas` (one model copy per GPU inside the step's pod): vLLM starts one engine
-# process per GPU (resources/vllm_engine/replicas.py), sentence-transformers its own multi-process pool.
-REPLICA_PROVIDERS = ("sentence_transformers", "vllm")
-REPLICAS_FIX = (
-    f"use a provider that runs replicas ({', '.join(REPLICA_PROVIDERS)}), or give each partition gpus: 1 and run "
-    "partitions side by side (multi_run backfills; the `gpu` pool limit sets how many at once), or use "
-    "gpu_strategy: tensor_parallel"
-)
 GPU_POD_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
@@ -62,18 +65,6 @@ def remember_spec(spec: PipelineSpec) -> None:
 
 def built_spec(name: str) -> PipelineSpec | None:
     return _BUILT_SPECS.get(name)
-
-
-def parse_quantity(value: str | int, field_name: str) -> Decimal:
-    """A Kubernetes quantity ('500m', '16Gi', '2') as a number, with the kubernetes client's own parser."""
-    from kubernetes.utils.quantity import parse_quantity as k8s_parse
-
-    try:
-        return k8s_parse(value)
-    except ValueError:
-        raise ValueError(
-            f"{field_name} {value!r} is not a Kubernetes quantity (examples: '4', '500m', '16Gi', '2G')"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -154,13 +145,9 @@ class PartitionSizes:
         return (self.spec.partitioning.count or 1) if self.spec.partitioning.kind == "hash" else 1
 
     def _files(self, key: str) -> list[str]:
-        from batch_assets.partitions import resolve_partition
-
         return resolve_partition(self.spec, key).files
 
     def bytes(self, key: str) -> int:
-        from batch_assets.storage import filesystem_for
-
         total = 0
         for url in self._files(key):
             fs, path = filesystem_for(url)
@@ -168,8 +155,6 @@ class PartitionSizes:
         return total // self._shard_divisor
 
     def rows(self, key: str) -> int:
-        from batch_assets.storage import parquet_rows
-
         return sum(parquet_rows(url) for url in self._files(key)) // self._shard_divisor
 
 
@@ -231,9 +216,9 @@ def check_gpu_strategy(spec: PipelineSpec, step: StepResources) -> list[str]:
         problem = replicas_problem(provider, spec.model.config)
         if problem is not None:
             raise PipelineError(f"{where} with gpu_strategy 'replicas', but {problem}", pipeline=spec.name,
-                                fix=REPLICAS_FIX)
+                                fix=replicas_fix())
         return []
-    if provider != "vllm":
+    if not provider_class(provider).runs_tensor_parallel:
         return [f"{where}, but the {provider!r} provider runs its model on one GPU: {step.gpus - 1} would sit idle "
                 "(give this provider gpus: 1 and run partitions side by side instead)"]
     heads = _attention_heads(spec.model.config.get("model"))
@@ -247,15 +232,11 @@ def check_gpu_strategy(spec: PipelineSpec, step: StepResources) -> list[str]:
     return []
 
 
-def replicas_problem(provider: str, config: dict[str, Any]) -> str | None:
-    """Why `gpu_strategy: replicas` cannot run with this provider and config, or None when it can."""
-    if provider not in REPLICA_PROVIDERS:
-        return (f"the {provider!r} provider runs one model in one process; replicas are run by the "
-                f"{' and '.join(repr(p) for p in REPLICA_PROVIDERS)} providers")
-    if provider == "vllm" and (config.get("tensor_parallel_size") or 1) != 1:
-        return (f"model.config.tensor_parallel_size is {config['tensor_parallel_size']}: each vLLM replica runs on "
-                "one GPU (remove tensor_parallel_size, or use gpu_strategy: tensor_parallel)")
-    return None
+def replicas_fix() -> str:
+    """What to do when a pipeline asks for replicas its provider cannot run."""
+    return (f"use a provider that runs replicas ({', '.join(replica_providers())}), or give each partition gpus: 1 "
+            "and run partitions side by side (multi_run backfills; the `gpu` pool limit sets how many at once), or "
+            "use gpu_strategy: tensor_parallel")
 
 
 def _attention_heads(model: Any) -> int | None:

@@ -1,12 +1,12 @@
-"""Streaming source readers (csv / parquet / jsonl, local or s3://) that attach a stable row id.
+"""The read stage: a partition's source rows streamed into its `raw` file, each with a stable row id.
 
-Each yields record batches holding the declared columns plus `row_id`, `_source_file` and `_source_row`
-(1-based data row within its file), so later stages can say exactly where a bad row came from.
+The formats' readers (csv / parquet / jsonl, local or s3://) are modules of stages/sources/, one per format. Here
+their batches are checked (text columns hold text) and given `row_id`, `_source_file` and `_source_row` (1-based
+data row within its file), so later stages can say exactly where a bad row came from.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -14,21 +14,18 @@ from contextlib import ExitStack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, row_hashes, shard_of, stable_hash64
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport
+from batch_assets.stages.sources import source_module
 from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
 
 # `_row_hash` is the row id's stable 64-bit hash (the one hash shards are assigned by), computed once here and
 # carried: shard routing and the infer step's rows check read it instead of hashing the id again.
 LINEAGE_COLUMNS = ("row_id", "_source_file", "_source_row", ROW_HASH)
-_BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
 
 
 class _DropDuplicates(Exception):
@@ -172,10 +169,9 @@ def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
     for url in part.files:
         for batch in _read_file(spec, url):
             return batch.schema
-    if spec.source.format == "parquet" and part.files:
-        fs, path = filesystem_for(part.files[0])
-        with fs.open(path, "rb") as f:
-            return output_schema(spec, pq.ParquetFile(f, pre_buffer=False).schema_arrow)
+    stored = source_module(spec.source.format).empty_schema(spec, part.files[0]) if part.files else None
+    if stored is not None:
+        return output_schema(spec, stored)
     return output_schema(spec, pa.schema([pa.field(c, pa.string()) for c in spec.source.columns]))
 
 
@@ -196,10 +192,9 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
             "the source file is empty (0 bytes): it has no header and no rows",
             fix="remove the empty file or re-export it with its header and rows",
         )
-    readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
     next_row = 1
     checked: pa.Schema | None = None
-    for batch in readers[spec.source.format](spec, url):
+    for batch in source_module(spec.source.format).batches(spec, url):
         if batch.schema != checked:
             _check_text_types(spec, batch, next_row)
             checked = batch.schema
@@ -253,143 +248,6 @@ def _check_text_types(spec: PipelineSpec, batch: pa.RecordBatch, first_row: int)
             )
 
 
-def _missing_columns(spec: PipelineSpec, found: list[str]) -> None:
-    missing = [c for c in spec.source.columns if c not in found]
-    if missing:
-        raise PipelineError(
-            f"input column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} not found; the file has "
-            f"columns: {', '.join(found) or '(none)'}",
-            column=missing[0],
-            fix="fix source.columns (and the template) in the spec, or the file's header",
-        )
 
 
-def _csv_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
-    fs, path = filesystem_for(url)
-    read_opts = pacsv.ReadOptions(encoding=spec.source.encoding, block_size=_BLOCK)
-    with fs.open(path, "rb") as f:
-        try:
-            header = pacsv.open_csv(f, read_options=read_opts).schema.names
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise _csv_error(spec, url, exc, []) from None
-    _missing_columns(spec, header)
-    # Declared columns are read as text: a streamed CSV infers types from its first block, and a later block
-    # that disagrees would fail half-way. Templates and ids are text anyway.
-    convert = pacsv.ConvertOptions(
-        include_columns=spec.source.columns, column_types={c: pa.string() for c in spec.source.columns}
-    )
-    with fs.open(path, "rb") as f:
-        try:
-            reader = pacsv.open_csv(f, read_options=read_opts, convert_options=convert)
-            for batch in reader:
-                yield batch
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise _csv_error(spec, url, exc, header) from None
 
-
-def _csv_error(spec: PipelineSpec, url: str, exc: Exception, header: list[str]) -> PipelineError:
-    message = str(exc)
-    if "UTF8" in message or "utf-8" in message.lower() or isinstance(exc, UnicodeDecodeError):
-        row = _first_bad_utf8_row(url)
-        m = re.search(r"column #(\d+)", message)
-        column = header[int(m.group(1))] if m and header and int(m.group(1)) < len(header) else None
-        return PipelineError(
-            f"the file is not valid {spec.source.encoding}",
-            column=column,
-            row=row,
-            fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
-        )
-    if "Empty CSV file" in message:
-        return PipelineError("the CSV file is empty", fix="remove it or add its header and rows")
-    return PipelineError(f"the CSV file could not be parsed: {message}", fix="check quoting and the column count")
-
-
-def _first_bad_utf8_row(url: str) -> int | None:
-    """Error path only: find the data row (1-based, after the header) holding the first invalid UTF-8 byte."""
-    fs, path = filesystem_for(url)
-    with fs.open(path, "rb") as f:
-        for line_no, line in enumerate(f):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                return line_no  # line 0 is the header, so line N is data row N
-    return None
-
-
-def _line_blocks(f, size: int = _BLOCK) -> Iterator[bytes]:
-    """The file in blocks of about `size` bytes, each ending at a line end: one block in memory at a time.
-
-    pyarrow's streaming JSON reader reads ahead without bound (a 30 MB file was held whole), so we feed it blocks."""
-    rest = b""
-    while True:
-        chunk = f.read(size)
-        if not chunk:
-            break
-        data = rest + chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            rest = data
-            continue
-        yield data[: cut + 1]
-        rest = data[cut + 1 :]
-    if rest.strip():
-        yield rest
-
-
-def _jsonl_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
-    fs, path = filesystem_for(url)
-    encoding = spec.source.encoding.lower().replace("_", "-")
-    schema: pa.Schema | None = None
-    with fs.open(path, "rb") as raw:
-        try:
-            for block in _line_blocks(raw):
-                if encoding not in ("utf-8", "utf8"):
-                    block = block.decode(spec.source.encoding).encode("utf-8")
-                # the first block fixes the column types, as pyarrow's own streaming reader does
-                parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema \
-                    else pajson.ParseOptions()
-                table = pajson.read_json(pa.BufferReader(block), read_options=pajson.ReadOptions(use_threads=False),
-                                         parse_options=parse)
-                if schema is None:
-                    _missing_columns(spec, table.schema.names)
-                    schema = table.schema
-                for batch in table.select(spec.source.columns).to_batches(max_chunksize=spec.source.batch_rows):
-                    _check_utf8(spec, url, batch)
-                    yield batch
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            message = str(exc)
-            if isinstance(exc, UnicodeDecodeError) or "UTF8" in message or "encoding" in message.lower():
-                raise PipelineError(
-                    f"the file is not valid {spec.source.encoding}",
-                    row=_first_bad_utf8_row(url),
-                    fix="re-encode the file as UTF-8, or set source.encoding in the spec",
-                ) from None
-            raise PipelineError(f"the JSON lines file could not be parsed: {message}",
-                                fix="each line must be one JSON object") from None
-
-
-def _check_utf8(spec: PipelineSpec, url: str, batch: pa.RecordBatch) -> None:
-    """pyarrow's JSON reader passes invalid UTF-8 through into string columns; catch it here, by column and row,
-    before a later stage trips over it."""
-    for name in batch.schema.names:
-        try:
-            batch.column(name).validate(full=True)
-        except pa.ArrowInvalid:
-            line = _first_bad_utf8_row(url)
-            raise PipelineError(
-                f"the file is not valid {spec.source.encoding}", column=name,
-                row=None if line is None else line + 1,  # no header line in JSON lines
-                fix="re-encode the file as UTF-8, or set source.encoding (e.g. latin-1, cp1252) in the spec",
-            ) from None
-
-
-def _parquet_batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
-    fs, path = filesystem_for(url)
-    with fs.open(path, "rb") as f:
-        try:
-            pf = pq.ParquetFile(f, pre_buffer=False)  # else every row group is fetched up front
-        except pa.ArrowInvalid as exc:
-            raise PipelineError(f"the file is not a readable Parquet file: {exc}",
-                                fix="check source.format") from None
-        _missing_columns(spec, pf.schema_arrow.names)
-        yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)

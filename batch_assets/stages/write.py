@@ -1,38 +1,19 @@
-"""The write stage's sink: the pipeline's published output, one file per partition, committed atomically."""
+"""The write stage: the pipeline's published output, one partition at a time, committed atomically and only when
+every source row id appears exactly once; the formats are modules of stages/sinks/."""
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
-from datetime import date, datetime
-from decimal import Decimal
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport, markdown_preview
-from batch_assets.stages.sinks import lancedb as lance_sink
-from batch_assets.storage import (
-    ArrowStorage,
-    ParquetPartitionWriter,
-    atomic_output,
-    filesystem_for,
-    join,
-    parquet_footer_metadata,
-    parquet_schema,
-    partition_file_name,
-    read_batches,
-    upstream_url,
-)
-
-EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
-
+from batch_assets.stages.sinks import sink_for
+from batch_assets.storage import ArrowStorage, parquet_footer_metadata, parquet_schema, read_batches, upstream_url
 
 def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
@@ -88,16 +69,8 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
                             "model_errors": counts["model_errors"], **empty,
                             "dead_letters_path": dl_url},
-                           rows_with_errors=counts["errors"], schema=_written_schema(spec, url, out_schema),
+                           rows_with_errors=counts["errors"], schema=sink_for(spec.sink.format).written_schema(url, out_schema),
                            preview=markdown_preview(head, columns))
-
-
-def _written_schema(spec: PipelineSpec, url: str, out_schema: pa.Schema) -> pa.Schema:
-    """The schema as written: the vector-store table's own (with its partition column), else the sink columns."""
-    if spec.sink.format != "lancedb":
-        return out_schema
-    database, table, _ = lance_sink.parse_partition_url(url)
-    return lance_sink.connect(database).open_table(table).schema
 
 
 def source_fingerprint(raw_url: str) -> RowIdFingerprint:
@@ -134,9 +107,7 @@ def sink_url(spec: PipelineSpec, storage: ArrowStorage, partition: str) -> str:
         from batch_assets.storage import resolve_local
 
         base = resolve_local(base)
-    if spec.sink.format == "lancedb":
-        return lance_sink.partition_url(base, spec.sink.table or spec.name, partition)
-    return join(base, partition_file_name(partition, EXTENSIONS[spec.sink.format]))
+    return sink_for(spec.sink.format).partition_url(base, spec, partition)
 
 
 def sink_columns(spec: PipelineSpec, available: list[str]) -> list[str]:
@@ -146,41 +117,7 @@ def sink_columns(spec: PipelineSpec, available: list[str]) -> list[str]:
     return [c for c in available if not c.startswith("_")]
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
 def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
-    """Stream `batches` into `url` in the sink format; returns rows written. Visible only when complete."""
-    if spec.sink.format == "lancedb":
-        return lance_sink.write_partition(url, batches, schema, spec.prepare.id_column)
-    fs, path = filesystem_for(url)
-    rows = 0
-    with atomic_output(fs, path) as f:
-        if spec.sink.format == "parquet":
-            writer = ParquetPartitionWriter(f, schema)
-            try:
-                for batch in batches:
-                    writer.write(batch)
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close(schema)
-            return writer.rows
-        if spec.sink.format == "csv":
-            with pacsv.CSVWriter(f, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch)
-                    rows += batch.num_rows
-            return rows
-        for batch in batches:
-            lines = "".join(json.dumps(r, default=_json_default, ensure_ascii=False) + "\n" for r in batch.to_pylist())
-            f.write(lines.encode("utf-8"))
-            rows += batch.num_rows
-    return rows
+    """Stream `batches` into `url` in the sink format (stages/sinks/); returns rows written. Visible only when
+    complete."""
+    return sink_for(spec.sink.format).write(spec, url, batches, schema)

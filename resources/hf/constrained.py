@@ -18,13 +18,22 @@ import dataclasses
 import json
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput, validate_output
 
-if TYPE_CHECKING:
-    from resources.hf.generator import TransformersGenerator
+
+class ConstrainableGenerator(Protocol):
+    """What constrained decoding needs from a generator (resources/hf/generator.py `TransformersGenerator`): the
+    loaded model and tokenizer, and its decoding loop taking a per-row `finish` and a logits-processor factory."""
+
+    @property
+    def loaded(self) -> Any: ...
+
+    def run(self, conversations: Sequence[Conversation], params: GenerationParams, finish: Any,
+            logits_processor: Any) -> list[Generation]: ...
+
 
 # model -> its GrammarCompiler. The compiler holds the tokenizer's vocabulary tables (built once, ~0.1 s) and a
 # cache of compiled grammars, so the same schema is compiled once per process, not once per chunk.
@@ -125,7 +134,7 @@ def _grammar_logits_processor(compiled: Any, rows: int, logits_size: int) -> Any
 
 
 def generate_constrained(
-    generator: TransformersGenerator, conversations: Sequence[Conversation], params: GenerationParams
+    generator: ConstrainableGenerator, conversations: Sequence[Conversation], params: GenerationParams
 ) -> list[Generation]:
     """Generate with the constraint in `params` enforced; one Generation per conversation, in order."""
     structured = StructuredOutput.from_params(params)

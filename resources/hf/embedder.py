@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import dagster as dg
@@ -23,6 +23,9 @@ from resources.hf.models import MINILM, minilm_path
 
 class SentenceTransformerEmbedder(ModelResource):
     """Embeds text with a sentence-transformers model, loaded once per process."""
+
+    dagster_kinds: ClassVar[frozenset[str]] = frozenset({"pytorch", "huggingface"})
+    runs_replicas: ClassVar[bool] = True  # sentence-transformers' own multi-process pool, one process per GPU
 
     model: str = Field(
         default=MINILM,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from resources.base import ModelResource, resolve_device
 from resources.errors import MissingExtraError
+from resources.hf.constrained import generate_constrained
 from resources.hf.models import SMOLLM2, smollm2_location
 from resources.protocols import Conversation, Generation, GenerationParams
 
@@ -25,6 +26,8 @@ class _Loaded:
 
 class TransformersGenerator(ModelResource):
     """Batched chat generation with a causal LM: chat template, left padding, length-sorted batches."""
+
+    dagster_kinds: ClassVar[frozenset[str]] = frozenset({"pytorch", "huggingface"})
 
     model: str = Field(
         default=SMOLLM2,
@@ -72,8 +75,6 @@ class TransformersGenerator(ModelResource):
 
     def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
         if params.choices or params.regex or params.json_schema:
-            from resources.hf.constrained import generate_constrained
-
             return generate_constrained(self, conversations, params)
         return self.generate_free(conversations, params)
 

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
@@ -106,6 +106,9 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
 
 class OpenAICompatibleProvider(ModelResource):
     """Generation (chat or Responses API) and embeddings against an OpenAI-compatible endpoint."""
+
+    dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
+    default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
 
     model: str = Field(description="Model name sent with every request (llama.cpp's server accepts any name).")
     base_url: str | None = Field(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, PrivateAttr
@@ -30,7 +30,7 @@ from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput
 from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
 from resources.vllm_engine.replicas import ReplicaSet, replica_devices
-from resources.vllm_engine.requests import prefix_order, sampling_params, to_generation
+from resources.vllm_engine.requests import prefix_order, run_chat, run_embed
 
 # Engine arguments the provider sets from its own fields; `engine_kwargs` may not repeat them.
 _OWNED_ENGINE_ARGS = frozenset(
@@ -59,6 +59,17 @@ def default_tensor_parallel_size() -> int:
 
 class VLLMEngineProvider(ModelResource):
     """Offline batch inference with vLLM's `LLM` engine on the GPUs of this process (one step, one pod)."""
+
+    dagster_kinds: ClassVar[frozenset[str]] = frozenset({"vllm"})
+    runs_replicas: ClassVar[bool] = True  # one engine process per GPU (replicas.py)
+    runs_tensor_parallel: ClassVar[bool] = True
+
+    @classmethod
+    def replicas_config_problem(cls, config: dict[str, Any]) -> str | None:
+        if (config.get("tensor_parallel_size") or 1) != 1:
+            return (f"model.config.tensor_parallel_size is {config['tensor_parallel_size']}: each vLLM replica runs "
+                    "on one GPU (remove tensor_parallel_size, or use gpu_strategy: tensor_parallel)")
+        return None
 
     model: str = Field(description="Hugging Face id or local path of the model (a generative or an embedding model).")
     runner: Literal["auto", "generate", "pooling"] = Field(
@@ -241,40 +252,6 @@ class VLLMEngineProvider(ModelResource):
         if isinstance(self._model, ReplicaSet):
             self._model.close()  # every replica's worker exits (and frees its GPU) before the step ends
         super().teardown_after_execution(context)
-
-
-def run_chat(engine: Any, api: VLLMApi, conversations: Sequence[Conversation], params: GenerationParams, *,
-             json_any_whitespace: bool, lora: tuple[str, int, str] | None,
-             chat_template_kwargs: dict[str, Any] | None) -> list[Generation]:
-    """One `LLM.chat` call for every row, in prefix order, results mapped back to the caller's order (in the step's
-    process, or in a replica's worker process for its share)."""
-    structured = StructuredOutput.from_params(params)
-    order = prefix_order(conversations)
-    outputs = engine.chat(
-        [list(conversations[i]) for i in order],
-        sampling_params=sampling_params(api, params, json_any_whitespace),
-        use_tqdm=False,
-        lora_request=api.LoRARequest(*lora) if lora else None,
-        chat_template_kwargs=chat_template_kwargs,
-    )
-    if len(outputs) != len(order):
-        raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")
-    results: list[Generation | None] = [None] * len(conversations)
-    for output, row in zip(outputs, order):
-        results[row] = to_generation(output, params, structured)
-    return [r for r in results if r is not None]
-
-
-def run_embed(engine: Any, api: VLLMApi, texts: list[str], lora: tuple[str, int, str] | None) -> np.ndarray:
-    outputs = engine.embed(texts, use_tqdm=False, lora_request=api.LoRARequest(*lora) if lora else None)
-    if len(outputs) != len(texts):
-        raise RuntimeError(f"vLLM returned {len(outputs)} embeddings for {len(texts)} texts")
-    for row, out in enumerate(outputs):
-        if getattr(out, "error", None) is not None or not out.outputs.embedding:
-            raise RuntimeError(
-                f"vLLM could not embed text {row} of this chunk: {getattr(out, 'error', None) or 'empty vector'}"
-            )
-    return np.asarray([out.outputs.embedding for out in outputs], dtype=np.float32)
 
 
 def build_engine(provider: VLLMEngineProvider, api: VLLMApi) -> Any:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from resources.protocols import Conversation, Generation, GenerationParams
+from resources.vllm_engine.requests import run_chat, run_embed
 
 # -- in the worker process -------------------------------------------------------------------------------------------
 _ENGINE: Any = None
@@ -57,14 +58,10 @@ def _build(api_target: str, engine_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _generate(conversations: list[Conversation], params: GenerationParams, options: dict[str, Any]) -> list[Generation]:
-    from resources.vllm_engine.provider import run_chat
-
     return run_chat(_ENGINE, _API, conversations, params, **options)
 
 
 def _embed(texts: list[str], lora: tuple[str, int, str] | None) -> np.ndarray:
-    from resources.vllm_engine.provider import run_embed
-
     return run_embed(_ENGINE, _API, texts, lora)
 
 

@@ -2,7 +2,8 @@
 
 Kept apart from the resource so each step is testable on its own: `sampling_params` (GenerationParams ->
 SamplingParams with structured outputs), `prefix_order` (which row goes where in the engine's batch) and
-`to_generation` (one RequestOutput -> one validated Generation).
+`to_generation` (one RequestOutput -> one validated Generation), and the two engine calls built from them,
+`run_chat` and `run_embed`, which the step's process and every replica's worker process (replicas.py) share.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput, validate_output
@@ -94,3 +97,37 @@ def to_generation(output: Any, params: GenerationParams, structured: StructuredO
             f"({problem}); raise max_new_tokens or simplify the schema"
         )
     return Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=n, error=problem, parsed=value)
+
+
+def run_chat(engine: Any, api: VLLMApi, conversations: Sequence[Conversation], params: GenerationParams, *,
+             json_any_whitespace: bool, lora: tuple[str, int, str] | None,
+             chat_template_kwargs: dict[str, Any] | None) -> list[Generation]:
+    """One `LLM.chat` call for every row, in prefix order, results mapped back to the caller's order (in the step's
+    process, or in a replica's worker process for its share)."""
+    structured = StructuredOutput.from_params(params)
+    order = prefix_order(conversations)
+    outputs = engine.chat(
+        [list(conversations[i]) for i in order],
+        sampling_params=sampling_params(api, params, json_any_whitespace),
+        use_tqdm=False,
+        lora_request=api.LoRARequest(*lora) if lora else None,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    if len(outputs) != len(order):
+        raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(order)} conversations")
+    results: list[Generation | None] = [None] * len(conversations)
+    for output, row in zip(outputs, order):
+        results[row] = to_generation(output, params, structured)
+    return [r for r in results if r is not None]
+
+
+def run_embed(engine: Any, api: VLLMApi, texts: list[str], lora: tuple[str, int, str] | None) -> np.ndarray:
+    outputs = engine.embed(texts, use_tqdm=False, lora_request=api.LoRARequest(*lora) if lora else None)
+    if len(outputs) != len(texts):
+        raise RuntimeError(f"vLLM returned {len(outputs)} embeddings for {len(texts)} texts")
+    for row, out in enumerate(outputs):
+        if getattr(out, "error", None) is not None or not out.outputs.embedding:
+            raise RuntimeError(
+                f"vLLM could not embed text {row} of this chunk: {getattr(out, 'error', None) or 'empty vector'}"
+            )
+    return np.asarray([out.outputs.embedding for out in outputs], dtype=np.float32)

@@ -85,8 +85,9 @@ def test_shipped_daily_pipeline_has_a_running_schedule_for_yesterday() -> None:
         schedule, repo = _schedule(spec)
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
         assert schedule.cron_schedule == "30 1 * * *"
+        at = dt.datetime(2026, 11, 21, 1, 30, tzinfo=UTC)
         with dg.build_schedule_context(instance=instance, repository_def=repo, resources=_storage(),
-                                       scheduled_execution_time=dt.datetime(2026, 11, 21, 1, 30, tzinfo=UTC)) as context:
+                                       scheduled_execution_time=at) as context:
             [request] = schedule.evaluate_tick(context).run_requests
     assert request.partition_key == "2026-11-20"  # a sample pipeline writes the day's file itself
 

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
+from batch_assets.spec import NAME_RE, PipelineSpec
 from batch_assets.storage import join, resolve_local
 
 PARTITION_COLUMN = "partition_key"
@@ -140,3 +141,32 @@ def partition_rows(url: str) -> int:
     database, table_name, partition = parse_partition_url(url)
     table = connect(database).open_table(table_name)
     return table.count_rows(f"{PARTITION_COLUMN} = '{partition.replace(chr(39), chr(39) * 2)}'")
+
+
+class LanceSink:
+    """One table per pipeline (`sink.table`, default the pipeline's name) in the database at the sink's path."""
+
+    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+        return partition_url(base, spec.sink.table or spec.name, partition)
+
+    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+        return write_partition(url, batches, schema, spec.prepare.id_column)
+
+    def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
+        """The table's own schema, with its partition column."""
+        database, table, _ = parse_partition_url(url)
+        return connect(database).open_table(table).schema
+
+    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+        sink, problems = spec.sink, []
+        if PARTITION_COLUMN in spec.source.columns or PARTITION_COLUMN in (sink.columns or []):
+            problems.append(("sink.columns", "the lancedb sink adds column 'partition_key' itself: rename yours"))
+        if sink.columns is not None and not {"row_id", spec.prepare.id_column} & set(sink.columns):
+            problems.append(("sink.columns", "the lancedb sink replaces rows by id: include row_id"
+                             + (f" or {spec.prepare.id_column}" if spec.prepare.id_column else "")))
+        if sink.table is not None and not NAME_RE.match(sink.table):
+            problems.append(("sink.table", f"{sink.table!r} must match {NAME_RE.pattern}"))
+        return problems
+
+
+SINK = LanceSink()

@@ -1,0 +1,48 @@
+"""What every sink provides, and the shared part of the one-file-per-partition formats (parquet, jsonl, csv)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, Protocol
+
+import pyarrow as pa
+
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import atomic_output, filesystem_for, join, partition_file_name
+
+
+class Sink(Protocol):
+    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+        """Where `partition` is published, under the sink's base folder or database (`sink.path` or the default)."""
+
+    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+        """Stream `batches` into `url`; returns rows written. Visible only when complete (one commit)."""
+
+    def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
+        """The schema as published (a table may add its own columns)."""
+
+    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+        """(field, problem) for what the spec asks that this sink cannot do; checked at load."""
+
+
+class FileSink:
+    """One file per partition, `<base>/<partition>.<extension>`, written beside its target and swapped in."""
+
+    extension = ""
+
+    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+        return join(base, partition_file_name(partition, self.extension))
+
+    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+        fs, path = filesystem_for(url)
+        with atomic_output(fs, path) as f:
+            return self.write_file(f, batches, schema)
+
+    def write_file(self, f: IO[bytes], batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+        raise NotImplementedError
+
+    def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
+        return schema
+
+    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+        return [("sink.table", "table applies to the lancedb sink only")] if spec.sink.table else []

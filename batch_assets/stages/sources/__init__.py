@@ -1,0 +1,26 @@
+"""Source formats, one module each, registered in SOURCES by name (the spec's `source.format`).
+
+A format's module has `batches(spec, url)`: the file's declared columns (`spec.source.columns`) streamed as Arrow
+record batches, a PipelineError for what is wrong with the file; and `empty_schema(spec, url)`: the column types of
+a file with no rows when the format stores them (Parquet), else None. The read stage (stages/read.py) adds row ids
+and lineage around them.
+
+A new format is one module here, one line below and a test (docs/concepts.md, "Plugging in").
+Entries are import paths, so that the spec can list the formats without importing every reader.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+SOURCES: dict[str, str] = {
+    "csv": "batch_assets.stages.sources.csv",
+    "parquet": "batch_assets.stages.sources.parquet",
+    "jsonl": "batch_assets.stages.sources.jsonl",
+}
+
+
+def source_module(name: str) -> ModuleType:
+    """The reader module of source format `name` (one of SOURCES; the spec refuses any other)."""
+    return importlib.import_module(SOURCES[name])

@@ -1,0 +1,32 @@
+"""What the source formats share: the declared-columns check, the bad-UTF-8 row finder, the parse block size."""
+
+from __future__ import annotations
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import filesystem_for
+
+BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
+
+
+def missing_columns(spec: PipelineSpec, found: list[str]) -> None:
+    missing = [c for c in spec.source.columns if c not in found]
+    if missing:
+        raise PipelineError(
+            f"input column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} not found; the file has "
+            f"columns: {', '.join(found) or '(none)'}",
+            column=missing[0],
+            fix="fix source.columns (and the template) in the spec, or the file's header",
+        )
+
+
+def first_bad_utf8_row(url: str) -> int | None:
+    """Error path only: find the data row (1-based, after the header) holding the first invalid UTF-8 byte."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        for line_no, line in enumerate(f):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return line_no  # line 0 is the header, so line N is data row N
+    return None

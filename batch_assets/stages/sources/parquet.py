@@ -1,0 +1,32 @@
+"""Parquet source files: the declared columns, row group by row group, with the file's own types."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batch_assets.errors import PipelineError
+from batch_assets.spec import PipelineSpec
+from batch_assets.stages.sources.common import missing_columns
+from batch_assets.storage import filesystem_for
+
+
+def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        try:
+            pf = pq.ParquetFile(f, pre_buffer=False)  # else every row group is fetched up front
+        except pa.ArrowInvalid as exc:
+            raise PipelineError(f"the file is not a readable Parquet file: {exc}",
+                                fix="check source.format") from None
+        missing_columns(spec, pf.schema_arrow.names)
+        yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)
+
+
+def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
+    """The file's own column types, from its footer (a file with no rows still has them)."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f, pre_buffer=False).schema_arrow
