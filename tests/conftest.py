@@ -8,12 +8,14 @@ What that means for a test, and the convention for new ones (tests/README.md say
   depend on being the only process: use `free_port()`, `tmp_path`, a fresh bucket, a fresh DAGSTER_HOME
   (`tests.daemon_helpers.dagster_home`), never a fixed port or a path in the checkout. A test writes nothing under
   the checkout (tests/test_dg.py scaffolds into a copy of the project).
-- A test that starts a Dagster daemon or webserver (`dagster dev`, `dg dev`, `make ui`, `dagster-daemon run`, the
-  Kubernetes Jobs stub driving real run workers) is marked `@pytest.mark.xdist_group(DAEMON_GROUP)`: those tests run
-  one after another on one worker, so two of them never fight over the two cores with wall-clock deadlines
-  running, while the other worker goes through the in-process tests (tests using the `k8s_stub` fixture join the
-  group automatically). Such a test uses
-  `tests.daemon_helpers.dagster_home`, whose instance polls its run queue every second (the shipped file: 5 s).
+- A test that starts a Dagster daemon or webserver (`dagster dev`, `dg dev`, `make ui`, `dagster-daemon run`) is
+  marked `@pytest.mark.xdist_group(DAEMON_GROUP)`; a test whose runs go through the Kubernetes Jobs stand-in
+  (real run workers and step pods as local processes) joins `K8S_GROUP` (automatically when it uses the `k8s_stub`
+  fixture). Each group runs one test at a time on one worker, so at most one server test and one cluster test run
+  at once, each beside the in-process tests of the other worker: two servers never race each other's wall-clock
+  deadlines. Such a test uses `tests.daemon_helpers.dagster_home`, whose instance polls its run queue every second
+  (the shipped file: 5 s), and `tests.daemon_helpers.dev_server`, under which the backfill daemon iterates every 2 s
+  instead of Dagster's fixed 30 s (tests/daemon_site/sitecustomize.py).
 - Tests that use a module-scoped fixture (a loaded model) are grouped by module automatically (below), so the model
   loads once per run, not once per worker.
 - Heaviest first: tests are handed out longest first, from the measured seconds in tests/durations.json (a group
@@ -37,6 +39,7 @@ import pytest
 from batch_assets.spec import PipelineSpec, parse_spec
 
 DAEMON_GROUP = "daemon"  # xdist_group of tests that start a Dagster daemon or webserver (module docstring)
+K8S_GROUP = "k8s"  # xdist_group of tests whose runs go through the Kubernetes Jobs stand-in (module docstring)
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 UNMEASURED_SLOW_S, UNMEASURED_S = 20.0, 1.0
 
@@ -62,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _group_of(item) is not None:
             continue
         if "k8s_stub" in item.fixturenames:  # real run workers launched as Kubernetes Jobs
-            item.add_marker(pytest.mark.xdist_group(DAEMON_GROUP))
+            item.add_marker(pytest.mark.xdist_group(K8S_GROUP))
         elif shares_module_fixture:
             item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
     measured: dict[str, float] = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}

@@ -180,6 +180,11 @@ class SlowModel(CountingModel):
 TEST_INSTANCE_OVERRIDES: dict[str, Any] = {"run_coordinator": {"config": {"dequeue_interval_seconds": 1}}}
 
 
+# The backfill daemon's fixed 30 s between iterations is 2 s under dev_server (tests/daemon_site/sitecustomize.py).
+DAEMON_SITE = ROOT / "tests" / "daemon_site"
+BACKFILL_INTERVAL_ENV, TEST_BACKFILL_INTERVAL_S = "BATCH_TEST_BACKFILL_INTERVAL_S", 2
+
+
 def dagster_home(home: Path, shipped: bool = False) -> Path:
     """A fresh DAGSTER_HOME with the project's dagster.yaml (run queue, pools) as `make ui` uses it, with the run
     queue polled every second (TEST_INSTANCE_OVERRIDES) unless `shipped`."""
@@ -214,15 +219,20 @@ def dagster_dev_command(port: int) -> list[str]:
 def dev_server(command: list[str], env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen]:
     """The command (dagster dev, or `make ui`) in its own session with output to `log`; on exit its whole process
     group (webserver, daemon, code servers, run workers) gets SIGTERM, then SIGKILL if it lingers."""
+    env = dict(env)
+    env[BACKFILL_INTERVAL_ENV] = str(TEST_BACKFILL_INTERVAL_S)  # tests/daemon_site/sitecustomize.py
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DAEMON_SITE), env.get("PYTHONPATH")) if p)
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        try:  # the group may be gone already (a server that died on start): its own error is the one to see
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)
+        except ProcessLookupError:
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
@@ -278,7 +288,7 @@ def wait_ready(port: int, proc: subprocess.Popen, log: Path, seconds: float = 12
     raise AssertionError("dagster dev did not become ready:\n" + log_tail(log))
 
 
-def wait_for(what: str, check: Callable[[], T], log: Path | None, seconds: float, interval: float = 2,
+def wait_for(what: str, check: Callable[[], T], log: Path | None, seconds: float, interval: float = 1,
              diagnose: Callable[[], str] = str) -> T:
     """Poll `check` until it returns something truthy; that. On timeout fail with `diagnose()` (say, the failed
     Kubernetes Jobs' output) and the server log's tail (when there is a server log)."""

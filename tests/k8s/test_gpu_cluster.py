@@ -26,14 +26,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import DAEMON_GROUP, write_jsonl
+from tests.conftest import K8S_GROUP, write_jsonl
 from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
 from tests.k8s.models import rows_paid
 from tests.k8s.stub import CPU_NODE, IMAGE_ENV, KubernetesJobsStub, Node
 
-# real run workers and step pods launched as Kubernetes Jobs, with wall-clock waits: the daemon group (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(DAEMON_GROUP)]
+# real run workers and step pods launched as Kubernetes Jobs, with wall-clock waits: the k8s group (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(K8S_GROUP)]
 
 GPU_NODE = Node("gpu-1", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
                 taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
