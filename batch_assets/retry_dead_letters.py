@@ -14,12 +14,13 @@ import sys
 
 import dagster as dg
 
+from batch_assets.orchestration.factory import build_model_resource
+from batch_assets.reliability.dead_letters import retry_partition
+from batch_assets.storage import ArrowStorage
+
 
 def main(argv: list[str] | None = None) -> int:
-    from batch_assets.definitions import load_all_specs
-    from batch_assets.orchestration.factory import build_model_resource
-    from batch_assets.reliability.dead_letters import retry_partition
-    from batch_assets.storage import ArrowStorage
+    from batch_assets.definitions import load_all_specs  # importing it builds every pipeline of the code location
 
     parser = argparse.ArgumentParser(prog="python -m batch_assets.retry_dead_letters", description=__doc__.split("\n")[0])
     parser.add_argument("pipeline")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import DOC
+from common import DOC, write_json
+
+# The raw script's variant name in the embed section's results (bench/run.py runs it).
+RAW_EMBED = "raw sentence-transformers script"
 
 BEGIN = "<!-- bench:results:begin (written by `make bench`; edit outside these markers) -->"
 END = "<!-- bench:results:end -->"
@@ -133,7 +136,7 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
         lines += _local_model_table(emb, f"#### Embeddings: {emb['rows']:,} short documents in {emb['files']} "
                                     f"Parquet files, all-MiniLM-L6-v2 on CPU, median of {emb['repeats']} interleaved "
                                     "runs", "raw encode s")
-    for title, section, raw_name in (("Embeddings", emb, "raw sentence-transformers script"),
+    for title, section, raw_name in (("Embeddings", emb, RAW_EMBED),
                                      ("Generation", results.get("generate"), "raw batched generate")):
         if section and "variants" in section:
             lines += _phases(title, section, raw_name)
@@ -186,17 +189,27 @@ def write_doc(meta: dict[str, Any], results: dict[str, Any]) -> None:
     DOC.write_text(text)
 
 
+def steady_state_overhead(results: dict[str, Any]) -> None:
+    """Seconds per partition beyond model compute, with model compute at the raw script's steady encode rate from
+    the embed section (rows ÷ its encode seconds) rather than one tiny partition's warm-up-laden encode."""
+    emb, orch = results.get("embed", {}), results.get("orchestration", {})
+    raw = emb.get("variants", {}).get(RAW_EMBED, {})
+    encode = (raw.get("infer_s") or {}).get("median")
+    extra = orch.get("ratios", {}).get("seconds_per_extra_partition")
+    if encode and extra is not None:
+        compute = orch["rows_per_partition"] * encode / emb["rows"]
+        orch["ratios"]["seconds_per_partition_beyond_model_compute"] = round(extra - compute, 3)
+        orch["model_compute_per_partition_s"] = round(compute, 3)
+        write_json("orchestration", orch)
+
+
 if __name__ == "__main__":
     # Re-render docs/BENCHMARKS.md from bench/results/*.json (e.g. after changing this file), without re-running.
     import json
-    import sys
 
     from common import RESULTS
 
-    sys.path.insert(0, str(RESULTS.parent))
-    from run import SECTIONS, _steady_state_overhead
-
     meta = json.loads((RESULTS / "meta.json").read_text())
-    results = {n: json.loads((RESULTS / f"{n}.json").read_text()) for n in SECTIONS if (RESULTS / f"{n}.json").exists()}
-    _steady_state_overhead(results)
+    results = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json")) if p.stem != "meta"}
+    steady_state_overhead(results)
     write_doc(meta, results)

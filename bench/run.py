@@ -31,11 +31,11 @@ from common import (  # noqa: E402
     BENCH, OUR_PY, PEERS_PY, ROOT, WORK, Knobs, Run, log, machine, run_process, summary, versions, write_json,
 )
 from data import write_documents, write_prompts  # noqa: E402
-from report import write_doc  # noqa: E402
+from report import RAW_EMBED, steady_state_overhead, write_doc  # noqa: E402
 
 Variant = Callable[[int], Run]
 OURS = "ours (dagster asset materialize)"
-RAW_EMBED, RAW_GENERATE = "raw sentence-transformers script", "raw batched generate"
+RAW_GENERATE = "raw batched generate"
 PHASES = ("phase_cli_start_and_definitions_s", "phase_resource_init_s", "phase_step_raw_s", "phase_step_prepared_s",
           "phase_step_inferred_s", "phase_step_output_s", "phase_exit_s")
 
@@ -328,20 +328,6 @@ def bench_orchestration(knobs: Knobs) -> dict[str, Any]:
     }
 
 
-def _steady_state_overhead(results: dict[str, Any]) -> None:
-    """Seconds per partition beyond model compute, with model compute at the raw script's steady encode rate from
-    the embed section (rows ÷ its encode seconds) rather than one tiny partition's warm-up-laden encode."""
-    emb, orch = results.get("embed", {}), results.get("orchestration", {})
-    raw = emb.get("variants", {}).get(RAW_EMBED, {})
-    encode = (raw.get("infer_s") or {}).get("median")
-    extra = orch.get("ratios", {}).get("seconds_per_extra_partition")
-    if encode and extra is not None:
-        compute = orch["rows_per_partition"] * encode / emb["rows"]
-        orch["ratios"]["seconds_per_partition_beyond_model_compute"] = round(extra - compute, 3)
-        orch["model_compute_per_partition_s"] = round(compute, 3)
-        write_json("orchestration", orch)
-
-
 SECTIONS: dict[str, Callable[[Knobs], dict[str, Any]]] = {
     "embed": bench_embed, "generate": bench_generate, "api": bench_api, "memory": bench_memory,
     "orchestration": bench_orchestration,
@@ -383,7 +369,7 @@ def main() -> int:
         log(f"section {name} done in {results[name]['section_seconds']}s: {json.dumps(results[name].get('ratios'))}")
     meta["load_avg_at_end"] = os.getloadavg()
     write_json("meta", meta)
-    _steady_state_overhead(results)
+    steady_state_overhead(results)
     write_doc(meta, results)
     log("results in bench/results/*.json and docs/BENCHMARKS.md")
     return 1 if failed else 0

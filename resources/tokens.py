@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
 from resources.protocols import GenerationParams
 
 # transformers' "no limit" sentinel for model_max_length is a huge number (int(1e30)), not None.
@@ -19,8 +20,6 @@ def load_tokenizer(name: str) -> Any:
     """A Hugging Face tokenizer by the names model configs use: the two shipped model aliases, a local folder, or
     a Hub id available offline."""
     from transformers import AutoTokenizer
-
-    from resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
 
     if name == MINILM:
         return AutoTokenizer.from_pretrained(minilm_path())

@@ -24,7 +24,7 @@ from batch_assets.orchestration.checks import blocking_check_results, blocking_c
 from batch_assets.orchestration.lineage import stage_code_version
 from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
 from batch_assets.orchestration.progress import PartitionProgress
-from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG, remember_spec
+from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
@@ -46,6 +46,7 @@ warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_p
 
 STAGES = ("raw", "prepared", "inferred", "output")
 STORAGE_KEY = "storage"
+SPEC_METADATA_PREFIX = "batch_assets/spec/"
 
 
 def model_resource_key(spec: PipelineSpec) -> str:
@@ -310,7 +311,6 @@ def _stage_asset(
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
-    remember_spec(spec)  # the batch Kubernetes executor sizes this pipeline's infer steps from it
     pdef = partitions_def_for(spec)
     model_key = model_resource_key(spec)
     storage_kind = "s3" if (spec.sink.path or "").startswith("s3://") else "parquet"
@@ -476,4 +476,14 @@ def build_pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:
         partitions_def=assets[0].partitions_def,
         description=f"All four stages of pipeline {spec.name}.",
     )
-    return dg.Definitions(assets=assets, jobs=[job], resources={model_resource_key(spec): build_model_resource(spec)})
+    # The spec travels in the Definitions' metadata (not shown in the UI): whoever gathers the pipelines, spec files
+    # and Dagster Components alike, reads every pipeline's spec back with `pipeline_specs` (definitions.py hands
+    # them to the Kubernetes executor, which sizes each infer step from its pipeline's policy).
+    return dg.Definitions(assets=assets, jobs=[job], resources={model_resource_key(spec): build_model_resource(spec)},
+                          metadata={SPEC_METADATA_PREFIX + spec.name: spec.model_dump(mode="json")})
+
+
+def pipeline_specs(defs: dg.Definitions) -> list[PipelineSpec]:
+    """The spec of every pipeline in `defs`, as `build_pipeline_definitions` recorded it."""
+    return [PipelineSpec.model_validate(value.value) for key, value in defs.metadata.items()
+            if key.startswith(SPEC_METADATA_PREFIX)]

@@ -68,7 +68,6 @@ from batch_assets.orchestration.resource_policy import (
     PIPELINE_TAG,
     STAGE_TAG,
     StepResources,
-    built_spec,
     check_gpu_strategy,
     resources_for_keys,
     with_gpu_defaults,
@@ -156,12 +155,13 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         run = step_handler_context.dagster_run
         cache_key = (run.run_id, step_key)
         if cache_key not in self._resolved:
-            spec = self._specs.get(tags[PIPELINE_TAG]) or built_spec(tags[PIPELINE_TAG])
+            spec = self._specs.get(tags[PIPELINE_TAG])
             if spec is None:
                 raise check.CheckError(
-                    f"step {step_key} names pipeline {tags[PIPELINE_TAG]!r}, which was not built in this process "
+                    f"step {step_key} names pipeline {tags[PIPELINE_TAG]!r}, which this executor was not given "
                     f"(known: {sorted(self._specs)}): its infer step cannot be sized; build the pipeline with "
-                    "batch_assets.orchestration.factory in the same code location as the executor"
+                    "batch_assets.orchestration.factory in the code location whose definitions build the executor "
+                    "(batch_assets/definitions.py)"
                 )
             keys = run_partition_keys(spec, run.tags, step_handler_context.instance)
             resources = with_gpu_defaults(with_gpu_node_pool(resources_for_keys(spec, keys)))
@@ -315,8 +315,8 @@ class BatchStepDelegatingExecutor(StepDelegatingExecutor):
 
 
 def batch_k8s_executor(specs: Sequence[PipelineSpec]) -> dg.ExecutorDefinition:
-    """`k8s_job_executor` with per-partition infer resources for these pipelines (and any other pipeline built in
-    this process, e.g. by a Dagster Component). Same run config as upstream."""
+    """`k8s_job_executor` with per-partition infer resources for these pipelines (definitions.py gives it every
+    pipeline of the code location, spec files and Dagster Components alike). Same run config as upstream."""
     by_name = {spec.name: spec for spec in specs}
 
     @dg.executor(

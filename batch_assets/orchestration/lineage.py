@@ -33,8 +33,9 @@ from datetime import datetime
 from typing import Any
 
 from batch_assets.errors import PipelineError
+from batch_assets.partitions import partitions_def_for, resolve_partition
 from batch_assets.spec import PipelineSpec
-from batch_assets.storage import ArrowStorage, exists, filesystem_for, join, partition_file_name
+from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
 
 # What each stage's output depends on in the spec, its own sections and every upstream stage's: a changed prompt
 # makes `prepared`, `inferred` and `output` stale (Dagster marks an asset stale for its own code version only, so
@@ -85,8 +86,6 @@ def file_version(info: dict[str, Any]) -> str:
 def source_version(spec: PipelineSpec, key: str) -> str | None:
     """The digest of the partition's source files and their versions now; None when they cannot be listed
     (the read stage then fails with the reason)."""
-    from batch_assets.partitions import resolve_partition
-
     try:
         files = resolve_partition(spec, key).files
     except (PipelineError, OSError):
@@ -124,8 +123,6 @@ def forget(storage: ArrowStorage, pipeline: str, stage: str, key: str) -> None:
 
 
 def write_record(storage: ArrowStorage, pipeline: str, stage: str, key: str, record: dict[str, Any]) -> None:
-    from batch_assets.storage import atomic_output
-
     fs, path = filesystem_for(record_url(storage, pipeline, stage, key))
     with atomic_output(fs, path) as f:
         f.write(json.dumps(record, sort_keys=True).encode("utf-8"))
@@ -187,8 +184,6 @@ def runs_in_flight(instance: Any, spec: PipelineSpec, job: str) -> dict[str, Any
     job, a UI or CLI asset selection, a single-run backfill over a range), so a schedule or sensor never requests
     a partition that another launch path is already making."""
     import dagster as dg
-
-    from batch_assets.partitions import partitions_def_for
 
     statuses = [getattr(dg.DagsterRunStatus, s) for s in IN_FLIGHT]
     pdef = partitions_def_for(spec)

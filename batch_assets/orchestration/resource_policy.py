@@ -54,19 +54,6 @@ TP_SHM_SIZE = "8Gi"
 GPU_POD_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
-# Every pipeline whose assets this process built (factory.build_pipeline_assets records it), by name: the executor
-# resolves an infer step's policy from it, whichever route built the pipeline (spec folder or Dagster Component).
-_BUILT_SPECS: dict[str, PipelineSpec] = {}
-
-
-def remember_spec(spec: PipelineSpec) -> None:
-    _BUILT_SPECS[spec.name] = spec
-
-
-def built_spec(name: str) -> PipelineSpec | None:
-    return _BUILT_SPECS.get(name)
-
-
 @dataclass(frozen=True)
 class StepResources:
     """Resolved resources of one infer step."""

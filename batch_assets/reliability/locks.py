@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from batch_assets.storage import (credentials_refused, filesystem_for, is_remote, join, partition_file_name,
-                                  storage_access_refused)
+                                  s3_options_from_env, storage_access_refused)
 
 LEASE_S = 60.0
 log = logging.getLogger(__name__)
@@ -87,8 +87,6 @@ def _local_flock(path: str, say: Callable[[str], None]) -> Iterator[None]:
 
 def _s3_client():
     import boto3
-
-    from batch_assets.storage import s3_options_from_env
 
     # a session of its own: boto3's default session keeps the first credentials it resolved for the process's
     # life, so a changed AWS_ACCESS_KEY_ID (fixed key, new code server environment, tests) would be ignored

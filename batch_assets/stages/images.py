@@ -5,12 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from batch_assets.spec import PipelineSpec
+from resources.multimodal import prepare_images as prepare_column
 
 
 def prepare_images(spec: PipelineSpec, batch: pa.RecordBatch) -> tuple[pa.Array, list[str | None]]:
     """(list<binary> column of encoded images per row, per-row problem or None)."""
-    from resources.multimodal import prepare_images as prepare_column
-
     n = batch.num_rows
     per_row: list[list[bytes]] = [[] for _ in range(n)]
     problems: list[str | None] = [None] * n

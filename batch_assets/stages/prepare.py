@@ -1,6 +1,6 @@
 """Preparation: render each row's model input and flag empty inputs. (Row ids are proven unique by the read stage,
-or made so by the spec's `prepare.duplicate_ids` policy: `resolve_duplicates` below, 8 bytes a row, see
-batch_assets.reliability.row_ids.)
+or made so by the spec's `prepare.duplicate_ids` policy, which the read stage applies: stages/read.py
+`resolve_duplicates`, 8 bytes a row, see batch_assets.reliability.row_ids.)
 
 Empty inputs are flagged (`input_empty`, `input_problem`), never dropped: the infer stage skips them and records
 a row error, so every input row id still appears exactly once in the output.
@@ -9,14 +9,13 @@ a row error, so every input row id still appears exactly once in the output.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from batch_assets.errors import PipelineError
 from batch_assets.reliability.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
 from batch_assets.storage import ArrowStorage, parquet_schema, read_batches, upstream_url, write_parquet
 
@@ -48,69 +47,6 @@ def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> Partitio
     # A flagged row (empty input) is a row error downstream: it is never sent to the model.
     return PartitionReport(key, raw_rows[0], writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged},
                            rows_with_errors=flagged)
-
-
-@dataclass
-class Duplicates:
-    """The rows a `keep_first` / `keep_last` policy drops: {file: {row, ...}}, and what the metadata reports."""
-
-    drop: dict[str, set[int]]
-    ids: int  # ids that occurred more than once
-    rows_dropped: int
-    samples: list[str]
-
-    def metadata(self) -> dict[str, Any]:
-        import dagster as dg
-
-        return {"duplicate_ids": self.ids, "duplicate_rows_dropped": self.rows_dropped,
-                "duplicate_samples": dg.MetadataValue.md("\n".join(f"- {s}" for s in self.samples) or "none")}
-
-    def filter(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """The batch without the dropped rows (matched by file and row of origin)."""
-        files = batch.column("_source_file").to_pylist()
-        rows = batch.column("_source_row").to_pylist()
-        keep = [r not in self.drop.get(f, ()) for f, r in zip(files, rows)]
-        return batch if all(keep) else batch.filter(pa.array(keep, pa.bool_()))
-
-
-def _places(where: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{f} row {n}" for f, n in where)
-
-
-def resolve_duplicates(spec: PipelineSpec, ids: UniqueIdChecker, rescan) -> Duplicates | None:
-    """None when every row id of the partition is unique. Else, under `prepare.duplicate_ids: fail`, an error
-    naming the id column, the ids, their files and rows and the fix; under keep_first / keep_last, the rows to
-    drop (every occurrence but the first / last in read order)."""
-    column = spec.prepare.id_column
-    # Without an id column the ids are '<file name>:<row>': a repeat means two files of one name, never a row to drop
-    policy = spec.prepare.duplicate_ids if column else "fail"
-    dupes = ids.duplicates(rescan, limit=5 if policy == "fail" else None)
-    if not dupes:
-        return None
-    if policy == "fail":
-        rid, where = dupes[0]
-        others = "; ".join(f"{r!r} at {_places(w)}" for r, w in dupes)
-        raise PipelineError(
-            f"row id {rid!r} appears more than once in the partition ({len(dupes)} repeated id(s) named: {others})",
-            file=where[1][0],
-            column=column,
-            row=where[1][1],
-            fix=(f"make the id column {column!r} unique, or set prepare.duplicate_ids to keep_first or keep_last "
-                 "(the first / last occurrence in read order is kept; the count and samples go to the metadata), or "
-                 "drop prepare.id_column to use '<file>:<row>' ids") if column else
-            "two source files have the same name (ids are '<file name>:<row>'): rename one, or set "
-            "prepare.id_column to a unique id column",
-        )
-    drop: dict[str, set[int]] = {}
-    samples: list[str] = []
-    for rid, where in dupes:
-        kept = where[0] if policy == "keep_first" else where[-1]
-        dropped = [place for place in where if place != kept]
-        for file, row in dropped:
-            drop.setdefault(file, set()).add(row)
-        if len(samples) < 5:
-            samples.append(f"{rid!r}: kept {kept[0]} row {kept[1]}; dropped {_places(dropped)}")
-    return Duplicates(drop, len(dupes), sum(len(w) - 1 for _, w in dupes), samples)
 
 
 def _blank(value: Any) -> bool:
@@ -174,8 +110,6 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                 if ref is None or (isinstance(ref, (str, bytes)) and not ref):
                     problems[i] = f"empty input: column {prep.image_columns[0]!r} is empty"
         if prep.image_columns and kind == "generate":
-            from batch_assets.stages.images import prepare_images
-
             images, image_problems = prepare_images(spec, batch)
             problems = [p or q for p, q in zip(problems, image_problems)]
             extra_names.append("_images")

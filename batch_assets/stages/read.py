@@ -10,13 +10,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import ROW_HASH, PartitionSlice, hash_shard_keys, row_hashes, shard_of, stable_hash64
+from batch_assets.partitions import (
+    ROW_HASH,
+    PartitionSlice,
+    hash_shard_keys,
+    resolve_partition,
+    row_hashes,
+    shard_of,
+    stable_hash64,
+)
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport
@@ -35,10 +44,71 @@ class _DropDuplicates(Exception):
         self.duplicates = duplicates
 
 
+@dataclass
+class Duplicates:
+    """The rows a `keep_first` / `keep_last` policy drops: {file: {row, ...}}, and what the metadata reports."""
+
+    drop: dict[str, set[int]]
+    ids: int  # ids that occurred more than once
+    rows_dropped: int
+    samples: list[str]
+
+    def metadata(self) -> dict[str, Any]:
+        import dagster as dg
+
+        return {"duplicate_ids": self.ids, "duplicate_rows_dropped": self.rows_dropped,
+                "duplicate_samples": dg.MetadataValue.md("\n".join(f"- {s}" for s in self.samples) or "none")}
+
+    def filter(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch without the dropped rows (matched by file and row of origin)."""
+        files = batch.column("_source_file").to_pylist()
+        rows = batch.column("_source_row").to_pylist()
+        keep = [r not in self.drop.get(f, ()) for f, r in zip(files, rows)]
+        return batch if all(keep) else batch.filter(pa.array(keep, pa.bool_()))
+
+
+def _places(where: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{f} row {n}" for f, n in where)
+
+
+def resolve_duplicates(spec: PipelineSpec, ids: UniqueIdChecker, rescan) -> Duplicates | None:
+    """None when every row id of the partition is unique. Else, under `prepare.duplicate_ids: fail`, an error
+    naming the id column, the ids, their files and rows and the fix; under keep_first / keep_last, the rows to
+    drop (every occurrence but the first / last in read order)."""
+    column = spec.prepare.id_column
+    # Without an id column the ids are '<file name>:<row>': a repeat means two files of one name, never a row to drop
+    policy = spec.prepare.duplicate_ids if column else "fail"
+    dupes = ids.duplicates(rescan, limit=5 if policy == "fail" else None)
+    if not dupes:
+        return None
+    if policy == "fail":
+        rid, where = dupes[0]
+        others = "; ".join(f"{r!r} at {_places(w)}" for r, w in dupes)
+        raise PipelineError(
+            f"row id {rid!r} appears more than once in the partition ({len(dupes)} repeated id(s) named: {others})",
+            file=where[1][0],
+            column=column,
+            row=where[1][1],
+            fix=(f"make the id column {column!r} unique, or set prepare.duplicate_ids to keep_first or keep_last "
+                 "(the first / last occurrence in read order is kept; the count and samples go to the metadata), or "
+                 "drop prepare.id_column to use '<file>:<row>' ids") if column else
+            "two source files have the same name (ids are '<file name>:<row>'): rename one, or set "
+            "prepare.id_column to a unique id column",
+        )
+    drop: dict[str, set[int]] = {}
+    samples: list[str] = []
+    for rid, where in dupes:
+        kept = where[0] if policy == "keep_first" else where[-1]
+        dropped = [place for place in where if place != kept]
+        for file, row in dropped:
+            drop.setdefault(file, set()).add(row)
+        if len(samples) < 5:
+            samples.append(f"{rid!r}: kept {kept[0]} row {kept[1]}; dropped {_places(dropped)}")
+    return Duplicates(drop, len(dupes), sum(len(w) - 1 for _, w in dupes), samples)
+
+
 def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
-    from batch_assets.partitions import resolve_partition
-    from batch_assets.stages.prepare import resolve_duplicates
     start = time.perf_counter()
     part = resolve_partition(spec, key)
     url = storage.stage_url(spec.name, "raw", key)
@@ -90,8 +160,6 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     and route each row to its shard's `raw` file by the hash already computed for its id. Each shard's file is
     still committed atomically, and only if the whole read succeeded; a row lands in exactly the shard that
     `run_read` would have put it in (same hash, same modulus)."""
-    from batch_assets.partitions import resolve_partition
-    from batch_assets.stages.prepare import Duplicates, resolve_duplicates
     start = time.perf_counter()
     count = spec.partitioning.count or 1
     index = {k: hash_shard_keys(count).index(k) for k in keys}

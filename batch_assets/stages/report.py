@@ -13,6 +13,8 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
+from batch_assets.storage import parquet_schema, read_batches
+
 PREVIEW_ROWS = 5
 
 
@@ -143,8 +145,6 @@ def markdown_preview(batches: list[pa.RecordBatch], columns: list[str], rows: in
 
 def preview_of(url: str, columns: list[str], rows: int = PREVIEW_ROWS) -> str:
     """A markdown table of the first rows of a written Parquet file (reads one small batch, not the file)."""
-    from batch_assets.storage import parquet_schema, read_batches
-
     present = [c for c in columns if c in parquet_schema(url).names]
     for batch in read_batches(url, columns=present, batch_rows=rows):
         return markdown_preview([batch], present, rows)

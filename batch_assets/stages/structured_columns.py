@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from batch_assets.spec import PipelineSpec
+from resources.structured import build_columns, validate_output
 
 
 def structured_columns(
@@ -12,8 +13,6 @@ def structured_columns(
 ) -> tuple[list[str], list[pa.Array]]:
     """Validate each row's text against `task.structured`; failures become row errors (text stays in the
     output column), successes become a struct/string column or, with `unnest`, one column per property."""
-    from resources.structured import build_columns, validate_output
-
     structured = spec.task.structured
     assert structured is not None
     values = []

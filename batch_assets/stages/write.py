@@ -9,11 +9,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
+from batch_assets.reliability.checkpoint import remove_partition_checkpoints
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport, markdown_preview
 from batch_assets.stages.sinks import sink_for
-from batch_assets.storage import ArrowStorage, parquet_footer_metadata, parquet_schema, read_batches, upstream_url
+from batch_assets.storage import (
+    ArrowStorage,
+    parquet_footer_metadata,
+    parquet_schema,
+    read_batches,
+    resolve_local,
+    upstream_url,
+)
 
 def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
@@ -59,8 +67,6 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
             verify_exactly_once(spec, key, expected, published, raw_url, src)
 
         rows = write_sink(spec, url, batches(), out_schema)
-    from batch_assets.reliability.checkpoint import remove_partition_checkpoints
-
     remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
     # An empty partition (a quiet day, a hash shard no row hashes to) is published all the same: a file with the
     # sink's typed columns and no rows, so readers of every partition see one schema.
@@ -104,8 +110,6 @@ def verify_exactly_once(spec: PipelineSpec, key: str, expected: RowIdFingerprint
 def sink_url(spec: PipelineSpec, storage: ArrowStorage, partition: str) -> str:
     base = spec.sink.path or storage.default_sink(spec.name)
     if "://" not in base:
-        from batch_assets.storage import resolve_local
-
         base = resolve_local(base)
     return sink_for(spec.sink.format).partition_url(base, spec, partition)
 

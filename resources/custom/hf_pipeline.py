@@ -16,6 +16,7 @@ from pydantic import Field
 from resources.base import ModelResource, resolve_device
 from resources.errors import MissingExtraError
 from resources.protocols import Classification
+from resources.tokens import encoder_limit
 
 
 class HFPipelineProvider(ModelResource):
@@ -69,8 +70,6 @@ class HFPipelineProvider(ModelResource):
         return self.loaded.tokenizer
 
     def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
-        from resources.tokens import encoder_limit
-
         return encoder_limit(self.loaded.tokenizer, getattr(self.loaded.tokenizer, "model_max_length", None))
 
     def describe(self) -> dict[str, Any]:

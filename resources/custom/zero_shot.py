@@ -15,8 +15,10 @@ import numpy as np
 from pydantic import Field, PrivateAttr, field_validator
 
 from resources.base import ModelResource
+from resources.hf.embedder import SentenceTransformerEmbedder, cpu_encode_workers
 from resources.hf.models import MINILM
 from resources.protocols import Classification
+from resources.tokens import encoder_limit
 
 
 class ZeroShotEmbeddingClassifier(ModelResource):
@@ -63,23 +65,17 @@ class ZeroShotEmbeddingClassifier(ModelResource):
         return value
 
     def load(self) -> Any:
-        from resources.hf.embedder import SentenceTransformerEmbedder
-
         self._label_vectors = {}
         return SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size,
                                            cpu_workers=self.cpu_workers).load()
 
     def chunks_in_flight(self, chunk_rows: int) -> int:
-        from resources.hf.embedder import cpu_encode_workers
-
         return cpu_encode_workers(self.loaded, self.cpu_workers)
 
     def input_tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
     def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
-        from resources.tokens import encoder_limit
-
         return encoder_limit(self.loaded.tokenizer, self.loaded.max_seq_length)
 
     def describe(self) -> dict[str, Any]:

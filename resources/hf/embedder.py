@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr
 from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
 from resources.errors import MissingExtraError
 from resources.hf.models import MINILM, minilm_path
+from resources.tokens import encoder_limit
 
 
 class SentenceTransformerEmbedder(ModelResource):
@@ -111,8 +112,6 @@ class SentenceTransformerEmbedder(ModelResource):
 
     def max_input_tokens(self, params: Any = None, system: str | None = None) -> int | None:
         """sentence-transformers cuts every input at max_seq_length tokens (special tokens included)."""
-        from resources.tokens import encoder_limit
-
         return encoder_limit(self.loaded.tokenizer, self.loaded.max_seq_length)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

@@ -13,6 +13,7 @@ from resources.errors import MissingExtraError
 from resources.hf.constrained import generate_constrained
 from resources.hf.models import SMOLLM2, smollm2_location
 from resources.protocols import Conversation, Generation, GenerationParams
+from resources.tokens import generation_limit
 
 
 @dataclass
@@ -82,8 +83,6 @@ class TransformersGenerator(ModelResource):
         return self.loaded.tokenizer
 
     def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
-        from resources.tokens import generation_limit
-
         return generation_limit(self.loaded.tokenizer, self.loaded.context_length, params, system)
 
     # -- internals -------------------------------------------------------------------------------------------------

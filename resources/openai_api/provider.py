@@ -3,6 +3,10 @@
 Every row is its own request; up to `max_concurrency` are in flight at once, within the configured request and
 token rates. A row whose request fails for good (a 4xx, or retries used up) becomes `Generation(error=...)` and
 the call goes on; results always come back in input order, one per row.
+
+Over 400 lines for one reason: the resource's ~20 config fields describe themselves (types, bounds, descriptions:
+docs/spec-reference.md is generated from them), about 100 lines. The parts that stand alone already live beside it:
+request payloads (payloads.py), retries (retry.py), rate limits (limits.py), the event loop (loop.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from resources.openai_api.payloads import (
 from resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput, validate_output
+from resources.tokens import generation_limit, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -211,14 +216,10 @@ class OpenAICompatibleProvider(ModelResource):
         if self.tokenizer is None:
             return None
         if self._tokenizer is None:  # loaded on first use: only pipelines that limit input length pay for it
-            from resources.tokens import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.tokenizer)
         return self._tokenizer
 
     def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
-        from resources.tokens import generation_limit
-
         tokenizer = self.input_tokenizer()
         return None if tokenizer is None else generation_limit(tokenizer, self.context_length, params, system)
 

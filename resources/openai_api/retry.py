@@ -18,12 +18,10 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from resources.errors import GAVE_UP, ProviderSetupError
-
-if TYPE_CHECKING:
-    from resources.openai_api.limits import RequestGate
+from resources.openai_api.limits import RequestGate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

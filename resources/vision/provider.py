@@ -24,8 +24,9 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from resources.base import ModelResource, resolve_device
 from resources.custom.loading import ImportPathError, import_object
 from resources.errors import MissingExtraError
+from resources.multimodal import load_image
 from resources.protocols import Classification
-from resources.vision.preprocess import IMAGENET_MEAN, IMAGENET_STD, default_preprocess
+from resources.vision.preprocess import IMAGENET_MEAN, IMAGENET_STD, default_preprocess, to_rgb_array
 
 
 @dataclass
@@ -142,8 +143,6 @@ class ImageModelProvider(ModelResource):
         return _Loaded(kind="torch", model=module.to(device).eval(), device=device, preprocess=preprocess)
 
     def _prototypes(self, loaded: _Loaded) -> dict[str, np.ndarray]:
-        from resources.multimodal import load_image
-
         prototypes = {}
         for label, refs in self.label_examples.items():
             if not refs:
@@ -257,7 +256,5 @@ def _as_pil(image: Any) -> Any:
     if hasattr(image, "convert") and hasattr(image, "mode"):
         return image
     from PIL import Image
-
-    from resources.vision.preprocess import to_rgb_array
 
     return Image.fromarray(to_rgb_array(image))

@@ -28,6 +28,7 @@ import dagster as dg
 from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.structured import StructuredOutput
+from resources.tokens import generation_limit
 from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
 from resources.vllm_engine.replicas import ReplicaSet, replica_devices
 from resources.vllm_engine.requests import prefix_order, run_chat, run_embed
@@ -211,8 +212,6 @@ class VLLMEngineProvider(ModelResource):
         return self.loaded.get_tokenizer()  # vLLM's documented LLM.get_tokenizer(): the model's HF tokenizer
 
     def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
-        from resources.tokens import generation_limit
-
         if isinstance(self.loaded, ReplicaSet):
             context = self.max_model_len or self.loaded.max_model_len
         else:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from resources.protocols import Conversation, Generation, GenerationParams
+from resources.vllm_engine.api import load_vllm_api
 from resources.vllm_engine.requests import run_chat, run_embed
 
 # -- in the worker process -------------------------------------------------------------------------------------------
@@ -48,8 +49,6 @@ def _init_worker(devices: str) -> None:
 
 def _build(api_target: str, engine_args: dict[str, Any]) -> dict[str, Any]:
     global _ENGINE, _API
-    from resources.vllm_engine.api import load_vllm_api
-
     _API = load_vllm_api(api_target)
     _ENGINE = _API.LLM(**engine_args)
     config = getattr(getattr(_ENGINE, "llm_engine", None), "model_config", None)

@@ -47,8 +47,8 @@ def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
     assert cpu_only["inferred"].op.pool is None
 def test_pipelines_built_by_a_component_are_known_to_the_executor(tmp_path: Path) -> None:
     from batch_assets.components.pipeline import BatchInferencePipeline
-    from batch_assets.orchestration.resource_policy import built_spec
+    from batch_assets.orchestration.factory import pipeline_specs
 
     spec = make_spec(EMBED_SPEC, tmp_path, name="docs_component", runtime={"gpus": 1})
-    BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory
-    assert built_spec("docs_component") == spec
+    defs = BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory
+    assert pipeline_specs(defs) == [spec]  # and its spec travels with its definitions, to the executor
