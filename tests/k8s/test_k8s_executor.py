@@ -52,3 +52,20 @@ def test_pipelines_built_by_a_component_are_known_to_the_executor(tmp_path: Path
     spec = make_spec(EMBED_SPEC, tmp_path, name="docs_component", runtime={"gpus": 1})
     defs = BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory
     assert pipeline_specs(defs) == [spec]  # and its spec travels with its definitions, to the executor
+
+
+def test_the_code_location_gives_the_executor_every_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """definitions.py hands the executor the specs of the spec-file pipelines and of the component ones (the shipped
+    `document_search`), read from their Definitions: no pipeline's infer step is left without its policy."""
+    from batch_assets import definitions
+    from batch_assets.orchestration import k8s_executor
+
+    given: list = []
+    real = k8s_executor.batch_k8s_executor
+    monkeypatch.setattr(k8s_executor, "batch_k8s_executor", lambda specs: given.extend(specs) or real(specs))
+    monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    spec = make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 1})
+    defs = definitions.build_definitions([spec], components=True)
+    assert defs.resolve_job_def("document_search_job").executor_def.name == "batch_k8s"
+    assert {s.name for s in given} == {"docs", "document_search"}
+    assert next(s for s in given if s.name == "docs") == spec
