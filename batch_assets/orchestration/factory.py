@@ -1,7 +1,10 @@
 """Turns a PipelineSpec into four partitioned assets (read -> prepare -> infer -> write) plus checks.
 
-The factory only wires: each stage's logic lives in its own module and is called once per partition of the run
-(batch_assets/stages/: `read.run_read`, `prepare.run_prepare`, `infer.run_infer`, `write.run_write`), returning a `PartitionReport`.
+Each stage's logic lives in batch_assets/stages/ (`read.run_read`, `prepare.run_prepare`, `infer.run_infer`,
+`write.run_write`) and is called once per partition of the run, returning a `PartitionReport`. Around that call the
+factory adds what runs under Dagster: the partition's lock, the skip of a partition already made from the same
+inputs (lineage), the infer step's pool, the model resource (behind the response cache) and each partition's
+metadata, for the infer asset also the model, device, tokens, requests, cache hits and estimated cost.
 All four assets share one partitions definition and the spec's backfill policy (`single_run` by default: a backfill
 or a `--partition-range` run processes its partitions in one run, so the infer step loads the model once), its
 step retry policy, and a `code_version` per stage derived from the spec sections that stage depends on.
