@@ -80,15 +80,34 @@ def storage_access_refused(url: str, exc: BaseException):
     )
 
 
+# Environment variables that decide which S3 endpoint and credentials an S3 filesystem uses.
+_S3_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
+           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE",
+           "AWS_CONFIG_FILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
+_s3_filesystems: dict[tuple, Any] = {}
+
+
+def _s3_filesystem(s3fs) -> fsspec.AbstractFileSystem:
+    """One S3 filesystem per process and S3 environment. Creating one builds a botocore client (service model,
+    endpoint resolution, credential chain): about a second on a loaded machine, against 15-50 ms for a request, and
+    a stage made dozens of them per partition. Endpoint and credentials are still read from the environment each
+    call: a changed variable (tests, long-lived code servers) gets a new filesystem. Listings are never cached
+    (use_listings_cache=False), so a file another process wrote or removed is seen at once, as with a new instance."""
+    key = (os.getpid(), tuple(os.environ.get(name) for name in _S3_ENV))
+    fs = _s3_filesystems.get(key)
+    if fs is None:
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **s3_options_from_env())
+        _s3_filesystems.clear()  # a changed environment or a forked child: the old ones are not used again
+        _s3_filesystems[key] = fs
+    return fs
+
+
 def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path within it) for a local path or an s3:// URL."""
     if url.startswith("s3://"):
         import s3fs
 
-        # skip_instance_cache: credentials and endpoint are read from the environment each time, not reused
-        # from an instance created before the environment changed (tests, long-lived code servers).
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options_from_env())
-        return fs, url.removeprefix("s3://")
+        return _s3_filesystem(s3fs), url.removeprefix("s3://")
     if is_remote(url):
         fs, path = fsspec.core.url_to_fs(url)
         return fs, path

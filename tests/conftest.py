@@ -154,16 +154,40 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
-    """A real moto S3 server on loopback (the in-process mock breaks s3fs). Yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    """A real moto S3 server on loopback (the in-process mock breaks s3fs). Yields its endpoint URL.
+
+    `moto_server` runs as its own process: in the test's process (ThreadedMotoServer) every S3 request waited for the
+    GIL behind the pipeline it served, about a second per request on the loaded 2-core machine."""
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    import urllib.request
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1",
+                                   "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/moto-api/", timeout=5).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError(f"moto_server did not start on {url}: {log.read()[-2000:]!r}")
+                    time.sleep(0.2)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 @pytest.fixture(scope="session")
