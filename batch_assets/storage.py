@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import Field
 
+from batch_assets.errors import PipelineError
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STORAGE_ROOT = "data/storage"
 S3_BLOCK_SIZE = 16 * 2**20  # multipart part size: the most an S3 upload buffers in memory
@@ -68,8 +70,6 @@ def credentials_refused(exc: BaseException) -> bool:
 def storage_access_refused(url: str, exc: BaseException):
     """The PipelineError for S3 refusing the credentials at `url` under the storage root (no secret is in it:
     S3's message names at most the key id)."""
-    from batch_assets.errors import PipelineError
-
     error = getattr(exc, "response", {}).get("Error", {})
     detail = f"{error.get('Code')}: {error.get('Message')}" if error else f"{type(exc).__name__}: {exc}"
     return PipelineError(
@@ -265,8 +265,6 @@ class ArrowStorage(dg.ConfigurableResource):
 
 def upstream_url(storage: ArrowStorage, pipeline: str, stage: str, partition: str) -> str:
     """Where an upstream stage left this partition; a clear error if it has not been materialized."""
-    from batch_assets.errors import PipelineError
-
     url = storage.stage_url(pipeline, stage, partition)
     if not exists(url):
         raise PipelineError(

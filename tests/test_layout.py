@@ -152,8 +152,6 @@ NOT_YET_AT_THE_TOP = {
     ("batch_assets/stages/infer_tasks.py", "resources.multimodal"),
     ("batch_assets/stages/infer_tasks.py", "resources.structured"),
     ("batch_assets/stages/write.py", "batch_assets.reliability.dead_letters"),
-    # storage.py: being edited for issue 15 at the same time; its two late imports of errors move up after that
-    ("batch_assets/storage.py", "batch_assets.errors"),
 }
 
 
