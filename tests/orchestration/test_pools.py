@@ -165,40 +165,59 @@ def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
     assert "held by: none" in pools("status", pool)
 
 
-def _hold_slot(instance_ref, pool: str, hold_s: float, out: str) -> None:
-    """One infer step's use of the pool, in its own process: when it got the slot and when it let go."""
+def _hold_slot(instance_ref, pool: str, folder: str, name: str) -> None:
+    """One infer step's use of the pool, in its own process: says it is trying, then that it holds the slot, and
+    holds it until the test writes `release`."""
     import time
 
     from batch_assets.orchestration.pools import host_pool_slot
 
     instance = dg.DagsterInstance.from_ref(instance_ref)
+    (Path(folder) / f"trying-{name}").touch()
     with host_pool_slot(instance, pool):
-        start = time.time()
-        time.sleep(hold_s)
-        end = time.time()
-    Path(out).write_text(f"{start} {end}")
+        (Path(folder) / f"holding-{name}").touch()
+        while not (Path(folder) / "release").exists():
+            time.sleep(0.05)
+        (Path(folder) / f"holding-{name}").unlink()
+        (Path(folder) / f"done-{name}").touch()
 
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp_path: Path, slots: int) -> None:
     """Dagster's slot claim is not exclusive on SQLite (FOR UPDATE is ignored: two claims milliseconds apart can
     both get the last slot), so on SQLite the infer step also holds a host lock per slot (pools.host_pool_slot).
-    Three processes enter at once: with one slot they take turns; with two, two overlap and the third waits."""
+    Three processes ask at once: `slots` of them get in, the rest wait until one lets go, and all finish."""
     import multiprocessing
+    import time
+
+    from tests.daemon_helpers import wait_for
+
+    folder = tmp_path / "marks"
+    folder.mkdir()
+
+    def marks(kind: str) -> list[str]:
+        return sorted(p.name for p in folder.glob(f"{kind}-*"))
 
     with dg.DagsterInstance.from_config(str(_home(tmp_path))) as instance:
         instance.event_log_storage.set_concurrency_slots("gpu", slots)
         ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_hold_slot, args=(instance.get_ref(), "gpu", 1.5, str(tmp_path / f"{i}.txt")))
+        procs = [ctx.Process(target=_hold_slot, args=(instance.get_ref(), "gpu", str(folder), str(i)))
                  for i in range(3)]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-    spans = sorted(tuple(map(float, (tmp_path / f"{i}.txt").read_text().split())) for i in range(3))
-    overlapping = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
-    assert overlapping == slots, spans
+        try:
+            wait_for("all three to ask for the slot", lambda: len(marks("trying")) == 3, None, 120, interval=0.1)
+            wait_for(f"{slots} to hold it", lambda: len(marks("holding")) >= slots, None, 60, interval=0.1)
+            time.sleep(2)  # the others asked already: without the host lock they would be in by now
+            assert len(marks("holding")) == slots, marks("holding")
+            (folder / "release").touch()
+            for p in procs:
+                p.join(60)
+                assert p.exitcode == 0
+            assert len(marks("done")) == 3
+        finally:
+            for p in procs:
+                p.kill()
 
 
 def _home(tmp_path: Path) -> Path:
