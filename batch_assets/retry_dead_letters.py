@@ -4,6 +4,12 @@ Only the rows that failed (and whose input is not empty) go to the model again; 
 the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model resource is
 built from the pipeline's spec exactly as Dagster builds it, `{env: NAME}` secrets included. With DAGSTER_HOME set,
 the new output is recorded as a materialization of `<pipeline>/output` for the partition.
+
+The retried rows go through the infer stage's own loop (`batch_assets.stages.infer.infer_rows`): checkpointed chunk by
+chunk under `<root>/<pipeline>/_staging/retry/<partition>` (a retry stopped half-way resumes after its committed
+chunks) and guarded like any partition (a setup failure, or every row of a chunk failing alike, stops the retry and
+leaves the partition as it was). The rows are staged as Parquet under `_staging/retry_rows/<partition>`; both are
+removed once the merged partition is written.
 """
 
 from __future__ import annotations
@@ -11,12 +17,100 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from batch_assets.orchestration.factory import build_model_resource
-from batch_assets.reliability.dead_letters import retry_partition
-from batch_assets.storage import ArrowStorage
+from batch_assets.reliability.cache import ResponseCache, cached
+from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
+from batch_assets.errors import PipelineError
+from batch_assets.stages.infer import InferStats, infer_rows
+from batch_assets.reliability.locks import partition_lock
+from batch_assets.stages.write import run_write
+from batch_assets.spec import PipelineSpec
+from batch_assets.storage import (ArrowStorage, filesystem_for, join, parquet_schema, read_batches, upstream_url,
+                                  write_parquet)
+from batch_assets.tasks import task_for
+
+RETRY_STAGE = "retry"  # the retry's checkpoints: <root>/<pipeline>/_staging/retry/<partition>/
+
+
+def retryable(batch: pa.RecordBatch) -> pa.Array:
+    """Rows worth another model call: they failed, and not because their input is empty."""
+    failed = pc.is_valid(batch.column("error"))
+    return pc.and_(failed, pc.invert(batch.column("_input_empty")))
+
+
+def merged_batches(original: Iterator[pa.RecordBatch], retried: pa.Table) -> Iterator[pa.RecordBatch]:
+    """`original` with each row whose id is in `retried` replaced by its retried version, in place.
+
+    Memory: the retried rows (the partition's dead letters), not the partition."""
+    index = {rid: i for i, rid in enumerate(retried.column("row_id").to_pylist())}
+    for batch in original:
+        ids = batch.column("row_id").to_pylist()
+        hits = [index.get(rid) for rid in ids]
+        if not any(h is not None for h in hits):
+            yield batch
+            continue
+        n = batch.num_rows
+        both = pa.concat_tables([pa.Table.from_batches([batch]), retried.select(batch.schema.names)
+                                 .cast(batch.schema)])
+        take = [i if h is None else n + h for i, h in enumerate(hits)]
+        yield from both.take(pa.array(take, pa.int64())).combine_chunks().to_batches()
+
+
+def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any,
+                    log=print) -> dict[str, int]:
+    """Re-infer the partition's failed rows, merge them into `inferred`, republish output and dead letters."""
+    root = storage.resolved_root()
+    if spec.runtime.response_cache:  # a retried row that succeeds is cached like any other
+        provider = cached(provider, ResponseCache(root))
+    inferred = upstream_url(storage, spec.name, "inferred", key)
+    prepared = parquet_schema(upstream_url(storage, spec.name, "prepared", key))
+    rows_dir = join(root, spec.name, "_staging", "retry_rows", urllib.parse.quote(key, safe="-_.="))
+    todo_url, done_url = join(rows_dir, "prepared.parquet"), join(rows_dir, "inferred.parquet")
+    still_failed = 0
+    with partition_lock(root, spec.name, "inferred", key, on_wait=log):
+        retried_rows = 0
+        with write_parquet(todo_url, prepared) as writer:
+            for batch in read_batches(inferred, batch_rows=spec.runtime.chunk_rows):
+                todo = batch.filter(retryable(batch)).select(prepared.names)
+                if todo.num_rows:
+                    writer.write(todo)
+                    retried_rows += todo.num_rows
+        if not retried_rows:
+            log(f"{spec.name} partition {key!r}: no retryable dead letters")
+        else:
+            checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider), RETRY_STAGE).open()
+            stats = InferStats()
+            infer_rows(task_for(spec, provider), todo_url, done_url, checkpoint, stats, key)
+            still_failed = stats.rows_with_errors
+            retried = pa.Table.from_batches(list(read_batches(done_url, batch_rows=spec.runtime.chunk_rows)),
+                                            schema=parquet_schema(done_url))
+            target = parquet_schema(inferred)
+            try:
+                retried = retried.select(target.names).cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as exc:
+                raise PipelineError(f"retried rows do not fit the partition's columns: {exc}", pipeline=spec.name,
+                                    partition=key, file=inferred,
+                                    fix="re-materialize the partition instead (the model's output type changed)")
+            with write_parquet(inferred, target) as writer:
+                for batch in merged_batches(read_batches(inferred, batch_rows=spec.source.batch_rows), retried):
+                    writer.write(batch)
+        remove_partition_checkpoints(storage, spec.name, key, RETRY_STAGE)
+        fs, path = filesystem_for(rows_dir)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+    with partition_lock(root, spec.name, "output", key, on_wait=log):
+        report = run_write(spec, storage, key)
+    return {"retried": retried_rows, "still_failed": still_failed,
+            "dead_letters": int(report.extra["dead_letters"]), "rows": report.rows_out}
+
 
 
 def main(argv: list[str] | None = None) -> int:

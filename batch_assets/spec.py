@@ -24,16 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES
+from batch_assets.tasks import RESERVED_COLUMNS, TASKS
 from resources.protocols import supports
 from resources.registry import PROVIDERS, provider_class
 from resources.secrets import literal_secret_problem, literal_secrets
 from resources.structured import StructuredOutput
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-# Columns the stages add to every row (lineage, preparation, the infer loop's error column): no source column or
-# model output may take these names, or one would overwrite the other after the model was paid for.
-RESERVED_COLUMNS = frozenset({"error", "row_id", "_source_file", "_source_row", "_input_empty", "_input_problem",
-                              "_text", "_prompt", "_images", "input_truncated"})
 PARTITION_TOKEN = "{partition}"
 
 
@@ -174,15 +171,7 @@ class TaskSpec(_Strict):
     )
 
     def resolved_output_column(self) -> str:
-        defaults = {
-            "embed": "embedding",
-            "embed_image": "embedding",
-            "generate": "generated_text",
-            "classify": "label",
-            "classify_image": "label",
-            "predict": "prediction",
-        }
-        return self.output_column or defaults[self.kind]
+        return self.output_column or TASKS[self.kind].default_output
 
 
 class PricingSpec(_Strict):
@@ -504,15 +493,7 @@ class PipelineSpec(_Strict):
         """The column the evaluation scores (None when the task predicts no label)."""
         if self.evaluation and self.evaluation.prediction_column:
             return self.evaluation.prediction_column
-        task = self.task
-        if task.kind == "generate":
-            structured = task.structured
-            if structured is not None and not structured.unnest:
-                return task.structured_column
-            return task.label_column or task.resolved_output_column()
-        if task.kind in ("classify", "classify_image", "predict"):
-            return task.resolved_output_column()
-        return None
+        return TASKS[self.task.kind].prediction_column(self)
 
     @model_validator(mode="after")
     def _cross_check(self) -> "PipelineSpec":
@@ -540,24 +521,8 @@ class PipelineSpec(_Strict):
             elif field not in columns:
                 problems.append(("prepare.template", f"unknown column {{{field}}}; source.columns are: {known}"))
 
-        if task.kind == "generate" and not prep.template:
-            problems.append(("prepare.template", "task 'generate' needs a prompt template"))
-        if task.kind in ("embed", "classify") and not (prep.text_column or prep.template):
-            problems.append(("prepare.text_column", f"task {task.kind!r} needs the column holding the text (or "
-                             "prepare.template to make the text of several columns)"))
-        if task.kind in ("embed", "classify") and prep.text_column and prep.template:
-            problems.append(("prepare.template", f"task {task.kind!r} reads text_column or template, not both"))
-        if task.kind in ("embed_image", "classify_image") and len(prep.image_columns) != 1:
-            problems.append(("prepare.image_columns", f"task {task.kind!r} needs exactly one image column"))
-        if prep.max_input_tokens is not None and task.kind not in ("embed", "classify", "generate"):
-            problems.append(("prepare.max_input_tokens", f"applies to text tasks (embed, classify, generate), not "
-                             f"{task.kind!r}"))
-        if task.kind in ("classify", "classify_image") and not task.labels:
-            problems.append(("task.labels", f"task {task.kind!r} needs candidate labels"))
-        if task.structured is not None and task.kind != "generate":
-            problems.append(("task.structured", "structured output applies to task 'generate' only"))
-        if task.labels is not None and task.kind == "generate" and not task.label_column:
-            problems.append(("task.label_column", "labels are given: name the column for the normalised label"))
+        kind = TASKS[task.kind]
+        problems += kind.spec_problems(self)  # what the task kind needs from the rest of the spec
 
         part = self.partitioning
         if part.kind == "hash" and not part.count:
@@ -605,8 +570,6 @@ class PipelineSpec(_Strict):
                 problems.append((field, f"{name!r} is reserved (pipeline columns: {', '.join(sorted(RESERVED_COLUMNS))}"
                                  "; names starting with '_' are internal): choose another name"))
         if task.output_types is not None:
-            if task.kind != "predict":
-                problems.append(("task.output_types", "output_types applies to task 'predict' only"))
             for name, alias in task.output_types.items():
                 try:
                     import pyarrow as pa
@@ -615,11 +578,7 @@ class PipelineSpec(_Strict):
                 except ValueError:
                     problems.append((f"task.output_types.{name}", f"unknown Arrow type {alias!r} (e.g. string, "
                                      "int64, float64, bool)"))
-        produced = {task.resolved_output_column(), "error", "row_id", *(task.output_types or {})}
-        if task.kind == "generate":
-            produced |= {"prompt_tokens", "completion_tokens", task.label_column or ""}
-        if task.kind in ("classify", "classify_image"):
-            produced.add("score")
+        produced = {"error", "row_id", *kind.produced(self)}
         clash = sorted(produced & columns)
         if clash:
             problems.append(("task.output_column", f"output column(s) {clash} would overwrite source columns: rename"))
@@ -644,7 +603,7 @@ class PipelineSpec(_Strict):
         }
         problems = [(field, f"uses the evaluation label column {label!r}: the model would see the answer")
                     for field, used in uses.items() if used]
-        if self.task.kind in ("embed", "embed_image"):
+        if TASKS[self.task.kind].prediction_column(self) is None:
             problems.append(("evaluation", f"task {self.task.kind!r} predicts no label to score"))
         return problems
 

@@ -5,8 +5,8 @@
   not grow with the partition: equal multisets always pass; a missing, repeated or foreign id changes the
   fingerprint except with probability ~2^-64.
 - `error_rate`: rows the model failed on (after retries) over rows, at most `runtime.max_error_fraction`.
-- `output_schema`: every declared output column is present with its declared type (batch_assets/stages/infer_tasks.py
-  `declared_output_types`), `error` is a string column, and no output column is left without a type.
+- `output_schema`: every declared output column is present with its declared type (`Task.schema()`,
+  batch_assets/tasks/), `error` is a string column, and no output column is left without a type.
 A failed blocking check fails the infer step after recording its result: the output asset does not run.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.partitions import resolve_partition, row_hashes
-from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker
-from batch_assets.spec import PipelineSpec
-from batch_assets.stages.infer_tasks import ERROR_COLUMN, declared_output_types
-from batch_assets.stages.read import read_partition
 from batch_assets.stages.report import PartitionReport, error_fraction
+from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker
+from batch_assets.stages.read import read_partition
+from batch_assets.spec import PipelineSpec
 from batch_assets.storage import parquet_schema, read_batches
+from batch_assets.tasks import ERROR_COLUMN, task_type
 
 ROWS_CHECK, ERROR_CHECK, SCHEMA_CHECK = "rows_exactly_once", "error_rate", "output_schema"
 
@@ -75,8 +75,9 @@ def error_problem(spec: PipelineSpec, report: PartitionReport) -> tuple[str | No
 
 def schema_problem(spec: PipelineSpec, provider: Any, report: PartitionReport, url: str) -> tuple[str | None, dict[str, Any]]:
     schema = parquet_schema(url)
-    declared = declared_output_types(spec, provider)
-    if spec.task.kind == "predict" and not spec.task.output_types:
+    task = task_type(spec)
+    declared = task(spec, provider).schema()
+    if task.names_own_columns(spec):
         # the model named its own columns: those after the prepared ones (which end with `_input_problem`)
         first = schema.get_field_index("_input_problem") + 1
         declared = {name: None for name in schema.names[first:] if name != ERROR_COLUMN}

@@ -39,6 +39,7 @@ from batch_assets.stages.read import run_read, run_read_shards
 from batch_assets.stages.report import PartitionReport, counter_delta, partition_metadata, preview_of, run_totals
 from batch_assets.stages.write import run_write
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
+from batch_assets.tasks import task_type
 from resources.base import resolve_device
 from resources.errors import ModelLoadError
 from resources.registry import provider_class
@@ -183,18 +184,6 @@ def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionR
         )
 
 
-def source_input_columns(spec: PipelineSpec) -> list[str]:
-    """The source columns the model's input is made of (for the previews)."""
-    kind, prep = spec.task.kind, spec.prepare
-    if kind == "generate":
-        return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
-    if kind in ("embed", "classify"):
-        return [prep.text_column] if prep.text_column else prep.template_fields()
-    if kind == "predict":
-        return spec.model_input_columns()
-    return list(prep.image_columns)
-
-
 def _id_column(spec: PipelineSpec) -> str:
     return spec.prepare.id_column or "row_id"
 
@@ -226,7 +215,7 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     }
     if "batch_size" in describe:
         md["batch_size"] = int(describe["batch_size"])
-    if spec.task.kind == "generate":
+    if task_type(spec).counts_tokens:
         md["tokens_in"] = delta.get("prompt_tokens", 0)
         md["tokens_out"] = delta.get("completion_tokens", 0)
         # requests this materialization sent to the model: one per row handed to the provider (rows flagged empty
@@ -353,8 +342,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def prepared(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         _free_dead_pool_slots(context, spec)
-        model_input = {"generate": ["_prompt"], "embed": ["_text"], "classify": ["_text"]}.get(
-            spec.task.kind, source_input_columns(spec))
+        model_input = [c for c in task_type(spec).model_input(spec) if c != "_images"]  # encoded images: no preview
 
         def one(key: str) -> PartitionReport:
             report = run_prepare(spec, storage, key)
@@ -390,7 +378,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         device = _device(spec, provider, describe)
         stats = InferStats()
         confusions: dict[str, evaluation.Confusion] = {}
-        inputs = [c for c in source_input_columns(spec) if not (spec.evaluation and c == spec.evaluation.label_column)]
+        inputs = task_type(spec).source_columns(spec)
 
         def one(key: str) -> PartitionReport:
             total = parquet_rows(upstream_url(storage, spec.name, "prepared", key))

@@ -31,17 +31,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batch_assets import tasks
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+# The loop and the task kinds' code: what turns a chunk of prepared rows into its committed outputs.
+_LOOP_SOURCES = sorted(str(p) for p in Path(tasks.__file__).parent.glob("*.py"))
 SECRET_WORDS = ("key", "token", "secret", "password", "credential", "auth")
 
 
-def staging_url(storage: ArrowStorage, pipeline: str, partition: str) -> str:
-    return join(storage.resolved_root(), pipeline, "_staging", "inferred", urllib.parse.quote(partition, safe="-_.="))
+def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> str:
+    return join(storage.resolved_root(), pipeline, "_staging", stage, urllib.parse.quote(partition, safe="-_.="))
 
 
 def _mask_secrets(value: Any, key: str = "") -> Any:
@@ -73,7 +76,7 @@ def code_version(provider: Any) -> str:
         version = metadata.version("batch-assets")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    files = [__file__, str(Path(__file__).parent.parent / "stages" / "infer_tasks.py")]
+    files = [__file__, *_LOOP_SOURCES]
     for cls in type(provider).__mro__[:2]:
         try:
             files.append(inspect.getsourcefile(cls))
@@ -122,10 +125,11 @@ def column_digest(batch: pa.RecordBatch | pa.Table, columns: list[str]) -> str:
 
 
 class ChunkCheckpoint:
-    """The committed chunks of one partition's inference under one fingerprint."""
+    """The committed chunks of one partition's inference under one fingerprint (`stage` "retry": of the retry of
+    its dead letters, kept apart from the partition's own chunks)."""
 
-    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str):
-        self.partition_url = staging_url(storage, spec.name, partition)
+    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = "inferred"):
+        self.partition_url = staging_url(storage, spec.name, partition, stage)
         self.url = join(self.partition_url, fp)
         self.fingerprint = fp
         self.fs, self.path = filesystem_for(self.url)
@@ -196,8 +200,8 @@ class ChunkCheckpoint:
         return table
 
 
-def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str) -> None:
+def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> None:
     """After publish: the partition's staged chunks are no longer needed."""
-    fs, path = filesystem_for(staging_url(storage, pipeline, partition))
+    fs, path = filesystem_for(staging_url(storage, pipeline, partition, stage))
     if fs.exists(path):
         fs.rm(path, recursive=True)

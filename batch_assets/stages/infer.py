@@ -1,6 +1,7 @@
 """The infer stage: prepared rows in chunks to the model provider, one result per row out, resumable.
 
-One loop for every task kind and provider (`run_infer`):
+One loop for every task kind, provider and caller (`infer_rows`: the infer stage's `run_infer`, and the dead-letter
+retry in batch_assets/reliability/dead_letters.py); what a task kind means is asked of one Task (batch_assets/tasks/):
 - prepared rows are cut into chunks of exactly `runtime.chunk_rows` (read ahead on a thread);
 - a chunk already committed under the partition's checkpoint (same fingerprint, same row ids and model inputs) is
   skipped: a rerun after a crash pays only for what was not finished (batch_assets/reliability/checkpoint.py);
@@ -9,7 +10,7 @@ One loop for every task kind and provider (`run_infer`):
   request gate, so its window of requests stays full across chunk boundaries, no drain per chunk), results are
   taken in chunk order, checked for exactly one result per row, and committed on a write-behind thread;
 - at the end the `inferred` file is assembled from the prepared rows and the committed chunks, in one schema fixed
-  from the declared output types (batch_assets/stages/infer_tasks.py), atomically.
+  from the output types the Task declares (`Task.schema()`), atomically.
 
 Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider and then becomes a
 row error; a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
@@ -33,26 +34,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
-from batch_assets.spec import PipelineSpec
-from batch_assets.stages.infer_tasks import (
-    ERROR_COLUMN,
-    ChunkPlan,
-    call_provider,
-    check_alignment,
-    declared_output_types,
-    model_input_columns,
-    output_columns,
-    plan_chunk,
-    same_failure,
-)
+from batch_assets.errors import PipelineError
 from batch_assets.stages.report import PartitionReport
-from batch_assets.stages.token_limits import TRUNCATED_COLUMN, TokenLimit
+from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
+from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
 from resources.errors import GAVE_UP, ProviderSetupError
-from resources.protocols import GenerationParams
-from resources.structured import UNPARSEABLE, is_unparseable
+from resources.structured import UNPARSEABLE, is_unparseable, validate_output
 
 log = logging.getLogger(__name__)
 
@@ -115,93 +104,58 @@ class InferStats:
                 self.run_error_samples.append(f"[{self.partition}] {row_id}: {err}")
 
 
-def generation_params(spec: PipelineSpec) -> GenerationParams:
-    p = spec.task.params
-    constraints = spec.task.structured.generation_constraints() if spec.task.structured else {}
-    return GenerationParams(
-        max_new_tokens=p.max_new_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        stop=tuple(p.stop),
-        seed=p.seed,
-        **constraints,
-    )
-
-
-def normalize_label(text: str | None, labels: list[str], default: str) -> str:
-    """Map free text to one of `labels`: an exact match (ignoring case and punctuation), else the label that
-    appears first in the text, else `default`."""
-    if not text:
-        return default
-    squash = lambda s: re.sub(r"[^a-z0-9]+", " ", s.lower()).strip()  # noqa: E731
-    answer = squash(text)
-    by_norm = {squash(label): label for label in labels}
-    if answer in by_norm:
-        return by_norm[answer]
-    best: tuple[int, str] | None = None
-    for norm, label in by_norm.items():
-        m = re.search(rf"\b{re.escape(norm)}\b", answer)
-        if m and (best is None or m.start() < best[0]):
-            best = (m.start(), label)
-    return best[1] if best else default
-
-
 def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
     """The infer stage for one partition: `prepared` rows in, `inferred` rows (inputs, outputs, `error`) out.
     `stats` accumulates over every partition of the run."""
     start = time.perf_counter()
     src = upstream_url(storage, spec.name, "prepared", key)
     url = storage.stage_url(spec.name, "inferred", key)
-    total = parquet_rows(src)
-    stats.begin_partition(key, total)
     checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
+    total = parquet_rows(src)
+    rows, extra = infer_rows(task_for(spec, provider), src, url, checkpoint, stats, key)
+    return PartitionReport(key, total, rows, time.perf_counter() - start, url, extra)
+
+
+def infer_rows(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, stats: InferStats,
+               key: str) -> tuple[int, dict[str, Any]]:
+    """THE infer loop, for every caller (the infer stage, the dead-letter retry): the prepared rows in the Parquet
+    file `src` through the model chunk by chunk, committed under `checkpoint`, guarded (setup failures, all rows of
+    a chunk failing alike, unparseable answers), then assembled into `url` (prepared columns + outputs + `error`).
+    Returns the rows written and the partition's metadata counts."""
+    spec, provider = task.spec, task.provider
+    stats.begin_partition(key, parquet_rows(src))
     if checkpoint.invalidated:
         log.info("partition %s: checkpoints of another setup (%s) were removed", key, ", ".join(checkpoint.invalidated))
     before = (stats.rows_out, stats.rows_with_errors, stats.model_errors, stats.chunks_reused, stats.chunks_computed,
               stats.rows_truncated, stats.unparseable_rows)
-    params = generation_params(spec) if spec.task.kind == "generate" else None
-    limit = TokenLimit.for_run(spec, provider, params)
+    limit = task.limit
     if limit is not None and limit.mode == "fail":
         limit.check_partition(src, key, spec.runtime.chunk_rows)
     try:
-        chunks = _infer_chunks(spec, provider, src, checkpoint, stats, params, limit)
+        chunks = _infer_chunks(task, src, checkpoint, stats)
     except ProviderSetupError as exc:
         raise PipelineError(
             f"{type(provider).__name__} (model {provider.model_name()!r}) cannot serve this pipeline: {exc.what}; "
             "the step stopped at once and nothing was published",
             fix=exc.fix,
         ) from None
-    _assemble(spec, provider, src, url, checkpoint, chunks, stats)
+    _assemble(task, src, url, checkpoint, chunks, stats)
     rows = stats.rows_out - before[0]
-    return PartitionReport(key, total, rows, time.perf_counter() - start, url, {
+    return rows, {
         "rows_with_errors": stats.rows_with_errors - before[1],
         "model_errors": stats.model_errors - before[2],
         "chunks_reused": stats.chunks_reused - before[3],
         "chunks_computed": stats.chunks_computed - before[4],
         **({"rows_truncated": stats.rows_truncated - before[5]} if limit is not None else {}),
-        **(_unparseable_metadata(stats, stats.unparseable_rows - before[6]) if structured_task(spec) else {}),
+        **(_unparseable_metadata(stats, stats.unparseable_rows - before[6]) if spec.task.structured else {}),
         **label_metadata(spec, stats, rows),
-    })
-
-
-def predicted_labels(spec: PipelineSpec) -> tuple[str, list[str]] | None:
-    """(column, declared labels) for a task that predicts one of a set of labels; None for other tasks."""
-    task = spec.task
-    if task.kind in ("classify", "classify_image") and task.labels:
-        return task.resolved_output_column(), list(task.labels)
-    if task.kind == "generate":
-        structured = task.structured
-        if structured is not None and structured.choices is not None and not structured.unnest:
-            return task.structured_column, list(structured.choices)
-        if task.labels and task.label_column:
-            return task.label_column, list(task.labels)
-    return None
+    }
 
 
 def label_metadata(spec: PipelineSpec, stats: InferStats, rows: int) -> dict[str, Any]:
     """Predicted-label counts of the partition, one int per declared label (0 included, so Dagster plots each
     label across partitions), and the declared labels the model never predicted in it."""
-    predicted = predicted_labels(spec)
+    predicted = task_type(spec).predicted_labels(spec)
     if predicted is None:
         return {}
     _, labels = predicted
@@ -213,10 +167,6 @@ def label_metadata(spec: PipelineSpec, stats: InferStats, rows: int) -> dict[str
     if never and rows:
         md["labels_never_predicted"] = ", ".join(never)
     return md
-
-
-def structured_task(spec: PipelineSpec) -> bool:
-    return spec.task.kind == "generate" and spec.task.structured is not None
 
 
 def _unparseable_metadata(stats: InferStats, rows: int) -> dict[str, Any]:
@@ -293,11 +243,11 @@ class DaemonCallPool:
                 thread.join()
 
 
-def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: ChunkCheckpoint, stats: InferStats,
-                  params: GenerationParams | None, limit: TokenLimit | None) -> int:
+def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
     """Compute and commit every chunk not already committed; returns the number of chunks of the partition."""
+    spec, provider = task.spec, task.provider
     chunk_rows = spec.runtime.chunk_rows
-    inputs = model_input_columns(spec)
+    inputs = ["row_id", "_input_empty", *task.model_input(spec)]
     workers = calls_in_flight(provider, chunk_rows)
     calls = DaemonCallPool(workers, name="infer-call")
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
@@ -309,8 +259,8 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
         n = item.batch.num_rows
         results = item.call.result() if item.call is not None else None
         if item.call is not None:
-            check_alignment(provider, spec, len(item.plan.sent), results)
-        names, arrays = output_columns(spec, item.plan, results, n, stats)
+            task.check(len(item.plan.sent), results)
+        names, arrays = task.columns(item.plan, results, n)
         _fail_if_all_failed_alike(provider, item)
         _fail_on_unparseable(spec, provider, item, results)
         outputs = pa.RecordBatch.from_arrays(
@@ -324,7 +274,7 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
 
     count = 0
     failed = True
-    structured = spec.task.structured if spec.task.kind == "generate" else None
+    structured = spec.task.structured
     # with max_error_fraction 1 every row may fail: the user accepts it, so nothing stops early
     probe = structured.stop_after_unparseable if structured is not None and spec.runtime.max_error_fraction < 1 else 0
     try:
@@ -335,17 +285,17 @@ def _infer_chunks(spec: PipelineSpec, provider: Any, src: str, checkpoint: Chunk
             if checkpoint.reusable(index, ids_digest, inputs_digest):
                 stats.add_rows(batch.num_rows, reused=True)
                 continue
-            plan = plan_chunk(spec, batch, limit)
+            plan = task.plan(batch)
             stats.rows_sent += len(plan.sent)
             if probe and len(plan.sent) > probe:
                 # The partition's first answers go first, alone: when all of them fail to parse the same way, the
                 # step stops here instead of paying for the rest of the chunk (and of the partition).
                 probe_ids = batch.column("row_id").take(pa.array(plan.sent[:probe])).to_pylist()
-                first = call_provider(provider, spec, params, plan.inputs[:probe])
+                first = task.call(plan.inputs[:probe])
                 _stop_if_unparseable(spec, provider, probe_ids, first)
-                call = calls.submit(_after, first, call_provider, provider, spec, params, plan.inputs[probe:])
+                call = calls.submit(_after, first, task.call, plan.inputs[probe:])
             else:
-                call = calls.submit(call_provider, provider, spec, params, plan.inputs) if len(plan.sent) else None
+                call = calls.submit(task.call, plan.inputs) if len(plan.sent) else None
             if len(plan.sent):
                 probe = 0
             pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
@@ -404,8 +354,6 @@ def _unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
 
 def _stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
     """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
-    from resources.structured import validate_output
-
     structured = spec.task.structured
     problems = [r.error if r.error else validate_output(r.text, structured)[1] for r in results]
     if not all(is_unparseable(p) for p in problems):
@@ -424,7 +372,7 @@ def _stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], resu
 
 def _fail_on_unparseable(spec: PipelineSpec, provider: Any, item: _Pending, results: Any) -> None:
     """`on_unparseable: fail`: a chunk holding an answer that did not parse fails the step, showing the answers."""
-    structured = spec.task.structured if spec.task.kind == "generate" else None
+    structured = spec.task.structured
     if structured is None or structured.on_unparseable != "fail" or results is None:
         return
     sent = item.plan.sent.tolist()
@@ -469,11 +417,11 @@ def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
         )
 
 
-def _assemble(spec: PipelineSpec, provider: Any, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int,
-              stats: InferStats) -> None:
+def _assemble(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int, stats: InferStats) -> None:
     """Write `inferred` = prepared rows + committed outputs, chunk by chunk, in one schema for the partition."""
+    spec = task.spec
     prepared_schema = parquet_schema(src)
-    declared = declared_output_types(spec, provider)
+    declared = task.schema()
     out_schema = _output_schema(declared, [checkpoint.schema(i) for i in range(chunks)],
                                 spec.task.resolved_output_column())
     schema = pa.schema([*prepared_schema, *out_schema])
@@ -490,7 +438,7 @@ def _assemble(spec: PipelineSpec, provider: Any, src: str, url: str, checkpoint:
             columns = [outputs.column(f.name).combine_chunks().cast(f.type) for f in out_schema]
             table = pa.Table.from_arrays([*batch.columns, *columns], schema=schema)
             writer.write(table)
-            _count(spec, table, stats)
+            _count(task, table, stats)
 
 
 def _output_schema(declared: dict[str, pa.DataType | None], chunk_schemas: list[pa.Schema],
@@ -528,7 +476,8 @@ def _output_schema(declared: dict[str, pa.DataType | None], chunk_schemas: list[
     return pa.schema(fields)
 
 
-def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
+def _count(task: Task, table: pa.Table, stats: InferStats) -> None:
+    spec = task.spec
     errors = table.column(ERROR_COLUMN)
     failed = pc.is_valid(errors)
     n_failed = pc.sum(failed).as_py() or 0
@@ -549,11 +498,11 @@ def _count(spec: PipelineSpec, table: pa.Table, stats: InferStats) -> None:
                     bad.column("row_id").to_pylist(), bad.column(ERROR_COLUMN).to_pylist())]
     if TRUNCATED_COLUMN in table.column_names:
         stats.rows_truncated += pc.sum(table.column(TRUNCATED_COLUMN)).as_py() or 0
-    predicted = predicted_labels(spec)
+    predicted = task.predicted_labels(spec)
     if predicted is not None and predicted[0] in table.column_names:
         for item in pc.value_counts(table.column(predicted[0]).drop_null()).to_pylist():
             stats.label_counts[item["values"]] = stats.label_counts.get(item["values"], 0) + item["counts"]
-    if spec.task.kind == "generate":
+    if task.counts_tokens:
         stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
         stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
 
@@ -626,21 +575,13 @@ class Prefetched:
         self._thread.join(timeout=5)
 
 
-# Kept for callers that drive the loop without storage (tests of one chunk at the provider seam).
-def infer_batches(spec: PipelineSpec, provider: Any, batches: Iterator[pa.RecordBatch],
-                  stats: InferStats) -> Iterator[pa.RecordBatch]:
-    """Prepared batches in, prepared columns + outputs + `error` out, one provider call per batch, no checkpoint."""
-    params = generation_params(spec) if spec.task.kind == "generate" else None
-    limit = TokenLimit.for_run(spec, provider, params)
-    for batch in batches:
-        plan = plan_chunk(spec, batch, limit)
-        results = call_provider(provider, spec, params, plan.inputs) if len(plan.sent) else None
-        if results is not None:
-            check_alignment(provider, spec, len(plan.sent), results)
-        names, arrays = output_columns(spec, plan, results, batch.num_rows, stats)
-        stats.add_rows(batch.num_rows)
-        yield pa.RecordBatch.from_arrays([*batch.columns, *arrays, pa.array(plan.errors, pa.string())],
-                                         names=[*batch.schema.names, *names, ERROR_COLUMN])
+def same_failure(messages: list[str]) -> str | None:
+    """The shared failure when every message is the same once row-specific details (numbers, quoted text) are
+    dropped: the mark of a setup problem (endpoint down, every request refused), not of bad rows."""
+    if not messages:
+        return None
+    squash = {re.sub(r"'[^']*'|\"[^\"]*\"|\d+(\.\d+)?", "#", m)[:120] for m in messages}
+    return messages[0] if len(squash) == 1 else None
 
 
-__all__ = ["InferStats", "generation_params", "infer_batches", "normalize_label", "run_infer"]
+__all__ = ["InferStats", "infer_rows", "run_infer"]

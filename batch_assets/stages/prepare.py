@@ -18,6 +18,7 @@ from batch_assets.spec import PipelineSpec
 from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
 from batch_assets.storage import ArrowStorage, parquet_schema, read_batches, upstream_url, write_parquet
+from batch_assets.tasks import task_type
 
 
 def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
@@ -56,7 +57,7 @@ def _blank(value: Any) -> bool:
 def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                     ids: UniqueIdChecker | None = None) -> Iterator[pa.RecordBatch]:
     """Prepared batches; each batch's row ids go to `ids`, whose caller checks them once the stream ends."""
-    prep, kind = spec.prepare, spec.task.kind
+    prep, reads = spec.prepare, task_type(spec).reads  # prompt | text | columns | image (batch_assets/tasks)
     for batch in batches:
         if ids is not None:
             ids.add(batch)
@@ -64,7 +65,7 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
         problems: list[str | None] = [None] * n
         extra_names: list[str] = []
         extra_arrays: list[pa.Array] = []
-        if kind == "generate":
+        if reads == "prompt":
             fields = prep.template_fields()
             cols = {f: batch.column(f).to_pylist() for f in fields}
             prompts: list[str | None] = []
@@ -77,7 +78,7 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                     prompts.append(prep.template.format_map({f: cols[f][i] for f in fields}))  # type: ignore[union-attr]
             extra_names.append("_prompt")
             extra_arrays.append(pa.array(prompts, pa.string()))
-        elif kind in ("embed", "classify") and prep.template:
+        elif reads == "text" and prep.template:
             # A text made of several columns (subject + body): a blank field renders as empty text; the row is
             # empty only when every field is (a ticket with a subject and no body still has something to classify).
             fields = prep.template_fields()
@@ -93,7 +94,7 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                         {f: "" if _blank(cols[f][i]) else str(cols[f][i]) for f in fields}).strip())
             extra_names.append("_text")
             extra_arrays.append(pa.array(texts, pa.string()))
-        elif kind in ("embed", "classify"):
+        elif reads == "text":
             texts = batch.column(prep.text_column).to_pylist()  # type: ignore[arg-type]
             clean = []
             for i, t in enumerate(texts):
@@ -104,12 +105,12 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
                     clean.append(str(t))
             extra_names.append("_text")
             extra_arrays.append(pa.array(clean, pa.string()))
-        elif kind in ("embed_image", "classify_image"):
+        elif reads == "image":
             refs = batch.column(prep.image_columns[0]).to_pylist()
             for i, ref in enumerate(refs):
                 if ref is None or (isinstance(ref, (str, bytes)) and not ref):
                     problems[i] = f"empty input: column {prep.image_columns[0]!r} is empty"
-        if prep.image_columns and kind == "generate":
+        if prep.image_columns and reads == "prompt":
             images, image_problems = prepare_images(spec, batch)
             problems = [p or q for p, q in zip(problems, image_problems)]
             extra_names.append("_images")

@@ -18,32 +18,17 @@ the shared backend, which would cap every count at the model's length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
 from batch_assets.storage import read_batches
 from resources.protocols import GenerationParams
 
-TRUNCATED_COLUMN = "input_truncated"
-
-
-def text_column(spec: PipelineSpec) -> str:
-    """The prepared column whose text is limited: the filled-in prompt (generate) or the text (embed / classify)."""
-    return "_prompt" if spec.task.kind == "generate" else "_text"
-
-
-def user_column(spec: PipelineSpec) -> str:
-    """What the user calls that text, for messages."""
-    if spec.task.kind == "generate":
-        return "the prompt (prepare.template filled in)"
-    if spec.prepare.template:
-        return "the text (prepare.template filled in)"
-    return str(spec.prepare.text_column)
-
+if TYPE_CHECKING:  # the spec imports the task table, which builds limits: the spec only as a parsed value here
+    from batch_assets.spec import PipelineSpec
 
 class TokenCounter:
     """Counts and cuts texts in a model's tokens."""
@@ -89,15 +74,19 @@ class TokenCounter:
 
 @dataclass
 class TokenLimit:
-    """The limit in force for one run of one pipeline (None from `for_run` when the spec sets none)."""
+    """The limit in force for one run of one pipeline (None from `for_run` when the spec sets none) on the prepared
+    text `column`, which messages call `user_column` (the task says which: batch_assets/tasks)."""
 
     spec: PipelineSpec
     counter: TokenCounter
     max_tokens: int
     mode: str  # truncate | skip | fail
+    column: str
+    user_column: str
 
     @classmethod
-    def for_run(cls, spec: PipelineSpec, provider: Any, params: GenerationParams | None) -> TokenLimit | None:
+    def for_run(cls, spec: PipelineSpec, provider: Any, params: GenerationParams | None, column: str,
+                user_column: str) -> TokenLimit | None:
         wanted = spec.prepare.max_input_tokens
         if wanted is None:
             return None
@@ -122,7 +111,7 @@ class TokenLimit:
                     "model.config.context_length)",
                 )
             wanted = model_limit
-        return cls(spec, TokenCounter(tokenizer), int(wanted), spec.prepare.too_long)
+        return cls(spec, TokenCounter(tokenizer), int(wanted), spec.prepare.too_long, column, user_column)
 
     def apply(self, texts: list[str], sent: np.ndarray, errors: list[str | None], n: int,
               ) -> tuple[list[str], np.ndarray, list[bool] | None]:
@@ -152,7 +141,7 @@ class TokenLimit:
     def check_partition(self, src: str, partition: str, batch_rows: int) -> None:
         """`fail` mode: one pass over the prepared rows before any model call; the first input over the limit
         fails the step with its row id, length and the fix."""
-        column = text_column(self.spec)
+        column = self.column
         for batch in read_batches(src, columns=["row_id", "_input_empty", column], batch_rows=batch_rows):
             empty = batch.column("_input_empty").to_numpy(zero_copy_only=False)
             rows = np.flatnonzero(~empty)
@@ -168,7 +157,7 @@ class TokenLimit:
                     f"{self.max_tokens} (prepare.too_long: fail); no row of the partition was sent to the model",
                     pipeline=self.spec.name,
                     partition=partition,
-                    column=user_column(self.spec),
+                    column=self.user_column,
                     row=str(batch.column("row_id")[first].as_py()),
                     fix="shorten that input, raise prepare.max_input_tokens, or set prepare.too_long to 'truncate' "
                     "(cut and flag in input_truncated) or 'skip' (a row error, kept in the dead letters)",

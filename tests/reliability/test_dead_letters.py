@@ -17,9 +17,13 @@ from typing import Any
 
 import dagster as dg
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from batch_assets.reliability.dead_letters import dead_letter_url
+from batch_assets.errors import PipelineError
+from batch_assets.orchestration.factory import build_model_resource
+from batch_assets.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import read_output, run_pipeline, write_jsonl
@@ -155,3 +159,46 @@ def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_
     assert materialization.partition == "a"
     assert {k: v.value for k, v in materialization.metadata.items()} == \
         {"retried": 2, "still_failed": 1, "dead_letters": 1, "rows": 10}
+
+
+def test_retry_goes_through_the_guarded_checkpointed_infer_loop(tmp_path: Path) -> None:
+    """The retry is the infer stage's loop: while the endpoint still fails every retried row alike it stops (the
+    partition is left as it was, no "retried" merge of the same failures), and a retry stopped half-way resumes
+    after the chunks it had committed instead of paying for them again."""
+    down = {f"Say row {i}" for i in range(1, 16, 2)}  # every other row: 2 of each chunk of 4, half the partition
+
+    def script(key: str, attempt: int):
+        return Respond(500, {"error": {"message": "upstream down"}}) if key in down else Echo()
+
+    data, store = tmp_path / "data", tmp_path / "store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(16)])
+    storage = ArrowStorage(root=str(store))
+    with FaultProxy(script) as proxy:
+        spec = parse_spec({**_raw_spec(data, proxy.url), "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5}})
+        assert run_pipeline(spec, store, ["a"]).success
+        before = read_output(spec, store, "a").to_pylist()
+        assert sum(1 for r in before if r["error"]) == 8
+
+        with dg.build_resources({"model": build_model_resource(spec)}) as resources:
+            # still down: the retry's first chunk (4 rows) fails alike, so the step stops; nothing is merged
+            with pytest.raises(PipelineError, match="chunk 0 failed the same way"):
+                retry_partition(spec, storage, "a", resources.model, log=lambda _: None)
+            assert read_output(spec, store, "a").to_pylist() == before
+
+            # rows 1..7 are back, 9..15 are not: the first chunk is committed, the second stops the retry
+            down.difference_update({"Say row 1", "Say row 3", "Say row 5", "Say row 7"})
+            with pytest.raises(PipelineError, match="chunk 1 failed the same way"):
+                retry_partition(spec, storage, "a", resources.model, log=lambda _: None)
+            assert read_output(spec, store, "a").to_pylist() == before
+            sent = {k: len(proxy.attempts_for(k)) for k in (f"Say row {i}" for i in range(16))}
+
+            down.clear()
+            outcome = retry_partition(spec, storage, "a", resources.model, log=lambda _: None)
+    assert outcome == {"retried": 8, "still_failed": 0, "dead_letters": 0, "rows": 16}
+    resent = {k: len(proxy.attempts_for(k)) - n for k, n in sent.items() if len(proxy.attempts_for(k)) != n}
+    assert resent == {f"Say row {i}": 1 for i in (9, 11, 13, 15)}  # rows 1..7 came from the retry's checkpoint
+    after = read_output(spec, store, "a").to_pylist()
+    assert [r["doc_id"] for r in after] == [f"d{i}" for i in range(16)]
+    assert all(r["error"] is None and r["generated_text"] == f"echo:Say row {i}" for i, r in enumerate(after))
+    staging = store / "echoes" / "_staging"
+    assert not (staging / "retry" / "a").exists() and not (staging / "retry_rows" / "a").exists()  # cleaned up

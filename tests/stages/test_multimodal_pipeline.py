@@ -9,9 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 from PIL import Image
 
-from batch_assets.spec import parse_spec
-from batch_assets.stages.infer import InferStats, infer_batches
+from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import prepare_batches
+from batch_assets.spec import parse_spec
+from batch_assets.storage import ArrowStorage, read_batches, write_parquet
 from resources.protocols import Generation
 
 class RecordingGenerator:
@@ -19,6 +20,9 @@ class RecordingGenerator:
 
     def __init__(self) -> None:
         self.conversations: list = []
+
+    def model_name(self) -> str:
+        return "recorder"
 
     def generate(self, conversations, params):
         self.conversations.extend(conversations)
@@ -45,8 +49,12 @@ def test_images_prepared_once_and_sent_as_content_parts(tmp_path: Path) -> None:
     assert prepared[0].column("_images").to_pylist()[1] == []
     assert "could not be used" in prepared[0].column("_input_problem").to_pylist()[1]
 
-    recorder = RecordingGenerator()
-    out = list(infer_batches(spec, recorder, iter(prepared), InferStats()))[0].to_pylist()
+    recorder = RecordingGenerator()  # through the infer stage's loop, on local storage
+    storage = ArrowStorage(root=str(tmp_path / "store"))
+    with write_parquet(storage.stage_url(spec.name, "prepared", "a"), prepared[0].schema) as writer:
+        writer.write(prepared[0])
+    report = run_infer(spec, storage, "a", recorder, InferStats())
+    out = [row for batch in read_batches(report.path) for row in batch.to_pylist()]
 
     assert len(recorder.conversations) == 1  # the row whose image failed is not sent
     content = recorder.conversations[0][-1]["content"]

@@ -1,6 +1,6 @@
 """Free-text answers normalised to one of the labels (used when a provider cannot constrain its output)."""
 
-from batch_assets.stages.infer import normalize_label
+from batch_assets.tasks import normalize_label
 
 LABELS = ["Law Firm", "Healthcare", "Technology", "Real Estate", "Other"]
 

@@ -10,6 +10,7 @@ import pyarrow.csv as pacsv
 
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.sinks.base import FileSink
+from batch_assets.tasks import task_type
 
 
 class CsvSink(FileSink):
@@ -25,7 +26,7 @@ class CsvSink(FileSink):
 
     def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
         vectors = [("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl")] \
-            if spec.task.kind in ("embed", "embed_image") else []
+            if task_type(spec).vectors else []
         return vectors + super().spec_problems(spec)
 
 

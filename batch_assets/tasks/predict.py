@@ -1,0 +1,72 @@
+"""predict: the user's model class gets the input columns of each chunk and returns one or more output columns."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from batch_assets.errors import PipelineError
+from batch_assets.tasks.base import RESERVED_COLUMNS, ChunkPlan, Task, scatter
+
+if TYPE_CHECKING:
+    from batch_assets.spec import PipelineSpec
+
+
+class PredictTask(Task):
+    kind = "predict"
+    default_output = "prediction"
+    reads = "columns"
+    output_types = True
+
+    @classmethod
+    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+        return spec.model_input_columns()
+
+    @classmethod
+    def model_input(cls, spec: PipelineSpec) -> list[str]:
+        return spec.model_input_columns()
+
+    @classmethod
+    def produced(cls, spec: PipelineSpec) -> set[str]:
+        return super().produced(spec) | set(spec.task.output_types or {})
+
+    @classmethod
+    def names_own_columns(cls, spec: PipelineSpec) -> bool:
+        return not spec.task.output_types
+
+    def _plan(self, batch: pa.RecordBatch, sent: np.ndarray, errors: list[str | None]) -> ChunkPlan:
+        columns = self.spec.model_input_columns()  # never the evaluation label
+        taken = batch.select(columns).take(pa.array(sent))
+        return ChunkPlan(sent, {c: taken.column(c).to_pylist() for c in columns}, errors)
+
+    def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
+        spec = self.spec
+        outputs = results if isinstance(results, dict) else {self.output_column: results}
+        clash = sorted(set(outputs) & (RESERVED_COLUMNS | set(spec.source.columns)))
+        if clash:
+            raise PipelineError(
+                f"the model returned column(s) {clash}, which the input or the pipeline already uses",
+                column=clash[0],
+                fix="rename the model's output keys, or declare them in task.output_types (checked at spec load)",
+            )
+        declared = spec.task.output_types or {}
+        if declared and set(outputs) != set(declared):
+            raise PipelineError(
+                f"the model returned columns {sorted(outputs)}, but task.output_types declares {sorted(declared)}",
+                fix="make the model return the declared columns, or fix task.output_types",
+            )
+        arrays = []
+        for name, values in outputs.items():
+            values = values.tolist() if hasattr(values, "tolist") else list(values)
+            try:
+                arrays.append(pa.array(scatter(values, plan.sent, n)))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise PipelineError(f"the model's output column {name!r} has values of mixed types: {exc}",
+                                    column=name, fix="return one type per output column") from None
+        return list(outputs), arrays
+
+    def _schema(self) -> dict[str, pa.DataType | None]:
+        # Without output_types the model names its columns; their types are the ones its chunks agree on.
+        return {name: pa.type_for_alias(alias) for name, alias in (self.spec.task.output_types or {}).items()}
