@@ -21,12 +21,9 @@ naming the cause and the fix. The error rate against `runtime.max_error_fraction
 from __future__ import annotations
 
 import logging
-import queue
-import re
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,18 +33,17 @@ import pyarrow.compute as pc
 
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.errors import PipelineError
+from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
+from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
 from batch_assets.stages.report import PartitionReport
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
-from resources.errors import GAVE_UP, ProviderSetupError
-from resources.structured import UNPARSEABLE, is_unparseable, validate_output
+from resources.errors import ProviderSetupError
+from resources.structured import UNPARSEABLE
 
 log = logging.getLogger(__name__)
 
-# A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
-# two or three rows failing alike is plausibly bad rows.
-SAME_FAILURE_MIN_ROWS = 4
 # Committed chunks whose write may still be pending (write-behind): bounds memory held for writing.
 WRITES_IN_FLIGHT = 2
 
@@ -180,13 +176,6 @@ def _unparseable_metadata(stats: InferStats, rows: int) -> dict[str, Any]:
 
 
 # -- the loop --------------------------------------------------------------------------------------------------------
-def calls_in_flight(provider: Any, chunk_rows: int) -> int:
-    """Chunk calls a provider may run at once: 1 for in-process models (one model, one call at a time; the loop
-    still overlaps reading and writing with it), more for providers that queue requests on a shared gate."""
-    decide = getattr(provider, "chunks_in_flight", None)
-    return max(1, int(decide(chunk_rows))) if callable(decide) else 1
-
-
 @dataclass
 class _Pending:
     index: int
@@ -195,52 +184,6 @@ class _Pending:
     call: Future | None
     ids_digest: str
     inputs_digest: str
-
-
-class DaemonCallPool:
-    """A fixed set of worker threads running provider calls in submission order, like ThreadPoolExecutor, but on
-    daemon threads: a call still running when its step failed (a hung endpoint, a stuck user model) is abandoned
-    instead of joined when the interpreter exits (ThreadPoolExecutor joins its workers at exit, so one stuck call
-    would keep the run worker from ever exiting)."""
-
-    def __init__(self, workers: int, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(workers)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        future: Future = Future()
-        self._queue.put((future, fn, args))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
-        for _ in self._threads:
-            self._queue.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
 
 
 def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
@@ -261,8 +204,8 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
         if item.call is not None:
             task.check(len(item.plan.sent), results)
         names, arrays = task.columns(item.plan, results, n)
-        _fail_if_all_failed_alike(provider, item)
-        _fail_on_unparseable(spec, provider, item, results)
+        fail_if_all_failed_alike(provider, item.plan, item.index)
+        fail_on_unparseable(spec, provider, item.plan, item.batch.column("row_id").to_pylist(), item.index, results)
         outputs = pa.RecordBatch.from_arrays(
             [item.batch.column("row_id"), *arrays, pa.array(item.plan.errors, pa.string())],
             names=["row_id", *names, ERROR_COLUMN],
@@ -292,7 +235,7 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
                 # step stops here instead of paying for the rest of the chunk (and of the partition).
                 probe_ids = batch.column("row_id").take(pa.array(plan.sent[:probe])).to_pylist()
                 first = task.call(plan.inputs[:probe])
-                _stop_if_unparseable(spec, provider, probe_ids, first)
+                stop_if_unparseable(spec, provider, probe_ids, first)
                 call = calls.submit(_after, first, task.call, plan.inputs[probe:])
             else:
                 call = calls.submit(task.call, plan.inputs) if len(plan.sent) else None
@@ -322,99 +265,6 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
 def _after(first: list[Any], call: Callable[..., list[Any]], *args: Any) -> list[Any]:
     """The probe's results followed by the rest of the chunk's (one result per sent row, in order)."""
     return [*first, *call(*args)]
-
-
-def _raw_answers(ids: list[Any], texts: list[str | None], limit: int = 5) -> str:
-    return "; ".join(f"row {rid!r}: {_clip(text)}" for rid, text in list(zip(ids, texts))[:limit])
-
-
-def _clip(text: str | None, limit: int = 120) -> str:
-    if text is None:
-        return "(no text)"
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def _unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
-    """What to do about answers that do not parse, by the likely cause."""
-    hints = []
-    if "cut off" in failure or "max_new_tokens" in failure:
-        hints.append("raise task.params.max_new_tokens: the answers stop before the output is complete")
-    if spec.model.provider == "openai":
-        hints.append("the endpoint did not enforce the output format: check model.config constraint_backend "
-                     "(response_format for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode "
-                     "(json_object_schema for llama.cpp's server)")
-    else:
-        hints.append("the model's answers ignore the constraint: check the provider supports structured output "
-                     "(docs/structured-outputs.md)")
-    hints.append("say in the prompt (prepare.template / prepare.system) exactly what to answer")
-    hints.append("to keep such answers as row errors (dead letters) within runtime.max_error_fraction instead, set "
-                 "task.structured.on_unparseable: row_error and task.structured.stop_after_unparseable: 0")
-    return "; ".join(hints)
-
-
-def _stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
-    """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
-    structured = spec.task.structured
-    problems = [r.error if r.error else validate_output(r.text, structured)[1] for r in results]
-    if not all(is_unparseable(p) for p in problems):
-        return
-    shared = same_failure(problems)  # type: ignore[arg-type]
-    if shared is None:
-        return
-    raise PipelineError(
-        f"the first {len(results)} answers of {type(provider).__name__} (model {provider.model_name()!r}) all failed "
-        f"to parse as the structured output ({structured.kind}) the same way: {shared}. Raw answers: "
-        f"{_raw_answers(ids, [r.text for r in results])}. The step stopped after these {len(results)} rows "
-        "(task.structured.stop_after_unparseable) instead of sending the rest; nothing was published",
-        fix=_unparseable_fix(spec, provider, shared),
-    )
-
-
-def _fail_on_unparseable(spec: PipelineSpec, provider: Any, item: _Pending, results: Any) -> None:
-    """`on_unparseable: fail`: a chunk holding an answer that did not parse fails the step, showing the answers."""
-    structured = spec.task.structured
-    if structured is None or structured.on_unparseable != "fail" or results is None:
-        return
-    sent = item.plan.sent.tolist()
-    bad = [(j, i) for j, i in enumerate(sent) if is_unparseable(item.plan.errors[i])]
-    if not bad:
-        return
-    ids = item.batch.column("row_id").to_pylist()
-    first = item.plan.errors[bad[0][1]]
-    raise PipelineError(
-        f"{len(bad)} of the {len(sent)} answers in chunk {item.index} did not parse as the structured output "
-        f"({structured.kind}), and task.structured.on_unparseable is 'fail'; first: {first}. Raw answers: "
-        f"{_raw_answers([ids[i] for _, i in bad], [results[j].text for j, _ in bad])}; nothing was published",
-        row=ids[bad[0][1]],
-        fix=_unparseable_fix(spec, provider, first or ""),
-    )
-
-
-def _fail_if_all_failed_alike(provider: Any, item: _Pending) -> None:
-    sent = item.plan.sent.tolist()
-    if len(sent) < SAME_FAILURE_MIN_ROWS:
-        return
-    failures = [item.plan.errors[i] for i in sent]
-    if any(f is None for f in failures):
-        return
-    if any(is_unparseable(f) for f in failures):
-        # answers came back (the endpoint is up): whether they parse is task.structured's policy, not a setup failure
-        return
-    shared = same_failure(failures)  # type: ignore[arg-type]
-    if shared is not None:
-        # Retries exhausted on every row alike (an outage: 5xx, timeouts, refused connections) may pass: the step's
-        # RetryPolicy (spec `retries`) runs it again later, resuming after the committed chunks. Anything else that
-        # fails every row alike (a 400 for every request) will not pass by waiting.
-        transient = GAVE_UP in shared
-        raise PipelineError(
-            f"every one of the {len(sent)} rows sent to {type(provider).__name__} (model {provider.model_name()!r}) in "
-            f"chunk {item.index} failed the same way: {shared}. This is a setup or endpoint problem, not bad rows: "
-            "the step stopped and nothing was published"
-            + ("; it looks transient, so the step is retried as the spec's `retries` say" if transient else ""),
-            fix="check that the model/endpoint is up and configured (model, base_url, key, params); committed chunks "
-            "are kept, so a rerun resumes where this one stopped",
-            retryable=transient,
-        )
 
 
 def _assemble(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, chunks: int, stats: InferStats) -> None:
@@ -505,83 +355,6 @@ def _count(task: Task, table: pa.Table, stats: InferStats) -> None:
     if task.counts_tokens:
         stats.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
         stats.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
-
-
-# -- streaming helpers -----------------------------------------------------------------------------------------------
-def exact_chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """Re-cut batches into chunks of exactly `rows` rows (the last may be shorter): chunk i always covers the
-    same prepared rows, which is what lets a rerun match committed chunks."""
-    parts: list[pa.RecordBatch] = []
-    size = 0
-    for batch in batches:
-        while batch.num_rows:
-            take = min(rows - size, batch.num_rows)
-            parts.append(batch.slice(0, take))
-            size += take
-            batch = batch.slice(take)
-            if size == rows:
-                yield _combine(parts)
-                parts, size = [], 0
-    if size:
-        yield _combine(parts)
-
-
-def _combine(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(parts) == 1:
-        return parts[0]
-    return pa.Table.from_batches(parts).combine_chunks().to_batches(max_chunksize=None)[0]
-
-
-class Prefetched:
-    """Reads the next items of an iterator on a thread while the caller works on the current one (bounded)."""
-
-    _DONE = object()
-
-    def __init__(self, source: Iterator[Any], depth: int = 2):
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fill, args=(source,), name="infer-prefetch", daemon=True)
-        self._thread.start()
-
-    def _fill(self, source: Iterator[Any]) -> None:
-        try:
-            for item in source:
-                if not self._put(item):
-                    return
-            self._put(self._DONE)
-        except BaseException as exc:  # handed to the consumer, raised there
-            self._put(exc)
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is self._DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def same_failure(messages: list[str]) -> str | None:
-    """The shared failure when every message is the same once row-specific details (numbers, quoted text) are
-    dropped: the mark of a setup problem (endpoint down, every request refused), not of bad rows."""
-    if not messages:
-        return None
-    squash = {re.sub(r"'[^']*'|\"[^\"]*\"|\d+(\.\d+)?", "#", m)[:120] for m in messages}
-    return messages[0] if len(squash) == 1 else None
 
 
 __all__ = ["InferStats", "infer_rows", "run_infer"]
