@@ -1,9 +1,9 @@
 """Retry a partition's dead letters: `python -m batch_assets.retry_dead_letters PIPELINE PARTITION`.
 
 Only the rows that failed (and whose input is not empty) go to the model again; good rows are kept as they are, and
-the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model resource is
-built from the pipeline's spec exactly as Dagster builds it, `{env: NAME}` secrets included. With DAGSTER_HOME set,
-the new output is recorded as a materialization of `<pipeline>/output` for the partition.
+the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model
+resource is built from the pipeline's spec exactly as Dagster builds it, `{env: NAME}` secrets included. With
+DAGSTER_HOME set, the new output is recorded as a materialization of `<pipeline>/output` for the partition.
 
 The retried rows go through the infer stage's own loop (`batch_assets.stages.infer.infer_rows`): checkpointed chunk by
 chunk under `<root>/<pipeline>/_staging/retry/<partition>` (a retry stopped half-way resumes after its committed
@@ -25,14 +25,14 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batch_assets.errors import PipelineError
 from batch_assets.orchestration.factory import build_model_resource
 from batch_assets.reliability.cache import ResponseCache, cached
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
-from batch_assets.errors import PipelineError
-from batch_assets.stages.infer import InferStats, infer_rows
 from batch_assets.reliability.locks import partition_lock
-from batch_assets.stages.write import run_write
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.infer import InferStats, infer_rows
+from batch_assets.stages.write import run_write
 from batch_assets.storage import (ArrowStorage, filesystem_for, join, parquet_schema, read_batches, upstream_url,
                                   write_parquet)
 from batch_assets.tasks import task_for
@@ -110,7 +110,6 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
         report = run_write(spec, storage, key)
     return {"retried": retried_rows, "still_failed": still_failed,
             "dead_letters": int(report.extra["dead_letters"]), "rows": report.rows_out}
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The infer stage: prepared rows in chunks to the model provider, one result per row out, resumable.
 
 One loop for every task kind, provider and caller (`infer_rows`: the infer stage's `run_infer`, and the dead-letter
-retry in batch_assets/reliability/dead_letters.py); what a task kind means is asked of one Task (batch_assets/tasks/):
+retry in batch_assets/retry_dead_letters.py); what a task kind means is asked of one Task (batch_assets/tasks/):
 - prepared rows are cut into chunks of exactly `runtime.chunk_rows` (read ahead on a thread);
 - a chunk already committed under the partition's checkpoint (same fingerprint, same row ids and model inputs) is
   skipped: a rerun after a crash pays only for what was not finished (batch_assets/reliability/checkpoint.py);
@@ -31,12 +31,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.errors import PipelineError
+from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
-from batch_assets.stages.report import PartitionReport
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.report import PartitionReport
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
 from resources.errors import ProviderSetupError
