@@ -1,7 +1,7 @@
 """What a provider tells the infer loop about input length: its tokenizer and the longest input its model takes.
 
 The optional `InputTokens` capability (resources/protocols.py) behind `prepare.max_input_tokens`
-(batch_assets/stages/token_limits.py). Limits are in tokens of the input text alone: special tokens a model adds, and for
+(batch_assets/tasks/token_limits.py). Limits are in tokens of the input text alone: special tokens a model adds, and for
 generation the chat template, the system message and `max_new_tokens`, are taken off the model's length here.
 """
 

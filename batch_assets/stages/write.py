@@ -3,6 +3,7 @@ every source row id appears exactly once; the formats are modules of stages/sink
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import remove_partition_checkpoints
+from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport, markdown_preview
@@ -23,13 +25,10 @@ from batch_assets.storage import (
     upstream_url,
 )
 
+
 def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
     (rows that failed), each committed atomically, only if every source row id appears exactly once."""
-    import time
-
-    from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
-
     start = time.perf_counter()
     src = upstream_url(storage, spec.name, "inferred", key)
     raw_url = upstream_url(storage, spec.name, "raw", key)

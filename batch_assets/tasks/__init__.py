@@ -10,7 +10,7 @@
 | embed_image, classify_image | `EmbedImageTask`, `ClassifyImageTask` | `image.py` |
 
 What the kinds share (the chunk plan, the provider call, the alignment check) is in `base.py`; the vector and
-label outputs of text and image tasks in `outputs.py`. `task_type(spec)` answers what the spec alone tells (the
+label outputs of text and image tasks in `outputs.py`; the token limit on text inputs in `token_limits.py`. `task_type(spec)` answers what the spec alone tells (the
 spec's cross-field check, preparation, previews, checkpoints); `task_for(spec, provider)` builds the Task the infer
 loop asks, once per partition, with the generation params, the token limit and the declared output types.
 """
@@ -24,7 +24,7 @@ from batch_assets.tasks.generate import GenerateTask, normalize_label
 from batch_assets.tasks.image import ClassifyImageTask, EmbedImageTask
 from batch_assets.tasks.predict import PredictTask
 from batch_assets.tasks.text import ClassifyTask, EmbedTask
-from batch_assets.stages.token_limits import TokenLimit
+from batch_assets.tasks.token_limits import TokenLimit
 
 if TYPE_CHECKING:
     from batch_assets.spec import PipelineSpec

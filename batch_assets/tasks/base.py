@@ -25,7 +25,7 @@ from resources.protocols import CAPABILITIES, GenerationParams
 
 if TYPE_CHECKING:  # the spec imports this table to check itself; at run time a Task only reads a parsed spec
     from batch_assets.spec import PipelineSpec
-    from batch_assets.stages.token_limits import TokenLimit
+    from batch_assets.tasks.token_limits import TokenLimit
 
 # Columns the infer stage adds besides the task's outputs; a model may not return columns with these names.
 ERROR_COLUMN = "error"

@@ -13,7 +13,7 @@ from batch_assets.tasks import TASKS, task_type
 from resources.protocols import CAPABILITIES, supports
 from resources.registry import PROVIDERS, provider_class
 
-PACKAGE = Path(__file__).resolve().parents[1] / "batch_assets"
+PACKAGE = Path(__file__).resolve().parents[2] / "batch_assets"
 KINDS = set(CAPABILITIES)
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from batch_assets.spec import SpecError
-from batch_assets.stages.token_limits import TokenCounter
+from batch_assets.tasks.token_limits import TokenCounter
 from batch_assets.storage import ArrowStorage, exists
 from resources.hf.embedder import SentenceTransformerEmbedder
 from resources.protocols import GenerationParams
