@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.partitions import resolve_partition, row_hashes
-from batch_assets.stages.report import PartitionReport, error_fraction
 from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker
-from batch_assets.stages.read import read_partition
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.read import read_partition
+from batch_assets.stages.report import PartitionReport, error_fraction
 from batch_assets.storage import parquet_schema, read_batches
 from batch_assets.tasks import ERROR_COLUMN, task_type
 

@@ -33,9 +33,9 @@ import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
+from batch_assets.spec import PipelineSpec
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
-from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type

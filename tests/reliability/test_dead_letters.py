@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets.reliability.dead_letters import dead_letter_url
 from batch_assets.errors import PipelineError
 from batch_assets.orchestration.factory import build_model_resource
+from batch_assets.reliability.dead_letters import dead_letter_url
 from batch_assets.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage

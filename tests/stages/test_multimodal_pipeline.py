@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 from PIL import Image
 
+from batch_assets.spec import parse_spec
 from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import prepare_batches
-from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage, read_batches, write_parquet
 from resources.protocols import Generation
 

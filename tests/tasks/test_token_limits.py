@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from batch_assets.spec import SpecError
-from batch_assets.tasks.token_limits import TokenCounter
 from batch_assets.storage import ArrowStorage, exists
+from batch_assets.tasks.token_limits import TokenCounter
 from resources.hf.embedder import SentenceTransformerEmbedder
 from resources.protocols import GenerationParams
 from resources.tokens import generation_limit, load_tokenizer
