@@ -93,22 +93,11 @@ def describe(graph: dict[str, dict[str, int]], component: list[str]) -> str:
     return "; ".join(f"{a} -> {b} (line {graph[a][b]})" for a in component for b in component if b in graph[a])
 
 
-# The two circles left to issue 16's items 2-3 (one Task per kind, one infer loop), which rewrite these modules.
-# The test fails as soon as one is gone, so that its line here goes with it; no other circle is allowed.
-NOT_YET_BROKEN = [
-    ["batch_assets.reliability.dead_letters", "batch_assets.stages.write"],
-    ["batch_assets.stages.infer", "batch_assets.stages.infer_tasks"],
-]
-
-
 def test_no_import_circle_in_batch_assets_or_resources() -> None:
     graph = import_graph(ROOT)
     found = circles(graph)
-    new = [c for c in found if c not in NOT_YET_BROKEN]
-    assert not new, "import circles (break each by moving the shared part down):\n" + "\n".join(
-        describe(graph, c) for c in new)
-    gone = [c for c in NOT_YET_BROKEN if c not in found]
-    assert not gone, f"no longer a circle, remove it from NOT_YET_BROKEN: {gone}"
+    assert not found, "import circles (break each by moving the shared part down):\n" + "\n".join(
+        describe(graph, c) for c in found)
 
 
 def test_resources_never_import_batch_assets() -> None:

@@ -17,17 +17,15 @@ loop asks, once per partition, with the generation params, the token limit and t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from batch_assets.tasks.base import ERROR_COLUMN, RESERVED_COLUMNS, TRUNCATED_COLUMN, ChunkPlan, Task
+from batch_assets.tasks.base import ERROR_COLUMN, RESERVED_COLUMNS, TRUNCATED_COLUMN, ChunkPlan, Spec, Task
 from batch_assets.tasks.generate import GenerateTask, normalize_label
 from batch_assets.tasks.image import ClassifyImageTask, EmbedImageTask
 from batch_assets.tasks.predict import PredictTask
 from batch_assets.tasks.text import ClassifyTask, EmbedTask
 from batch_assets.tasks.token_limits import TokenLimit
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 TASKS: dict[str, type[Task]] = {
     task.kind: task
@@ -35,12 +33,12 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
-def task_type(spec: PipelineSpec) -> type[Task]:
+def task_type(spec: Spec) -> type[Task]:
     """The class of the spec's task kind (its class methods need only the spec)."""
     return TASKS[spec.task.kind]
 
 
-def task_for(spec: PipelineSpec, provider: Any) -> Task:
+def task_for(spec: Spec, provider: Any) -> Task:
     """The partition's Task: the generation params and the token limit (which asks the provider's tokenizer) are
     settled here, once, before any row is sent."""
     cls = task_type(spec)

@@ -15,17 +15,18 @@ spec check and the prepare stage ask the same table as the loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
+from batch_assets.tasks.token_limits import TokenLimit
 from resources.protocols import CAPABILITIES, GenerationParams
 
-if TYPE_CHECKING:  # the spec imports this table to check itself; at run time a Task only reads a parsed spec
-    from batch_assets.spec import PipelineSpec
-    from batch_assets.tasks.token_limits import TokenLimit
+# A parsed PipelineSpec (batch_assets/spec.py). The spec imports this table to check itself, so the table names the
+# spec's type without importing it: imports run one way (tests/test_layout.py counts type-only imports too).
+Spec = Any
 
 # Columns the infer stage adds besides the task's outputs; a model may not return columns with these names.
 ERROR_COLUMN = "error"
@@ -62,7 +63,7 @@ class Task:
     structured: ClassVar[bool] = False  # may take task.structured
     output_types: ClassVar[bool] = False  # may take task.output_types
 
-    def __init__(self, spec: PipelineSpec, provider: Any, params: GenerationParams | None = None,
+    def __init__(self, spec: Spec, provider: Any, params: GenerationParams | None = None,
                  limit: TokenLimit | None = None):
         self.spec, self.provider, self.params, self.limit = spec, provider, params, limit
         self.method = CAPABILITIES[self.kind][1]
@@ -71,7 +72,7 @@ class Task:
 
     # -- from the spec alone ------------------------------------------------------------------------------------------
     @classmethod
-    def spec_problems(cls, spec: PipelineSpec) -> Problems:
+    def spec_problems(cls, spec: Spec) -> Problems:
         """What this kind needs from the rest of the spec (the generic checks stay in PipelineSpec)."""
         problems: Problems = []
         if spec.prepare.max_input_tokens is not None and cls.text_column is None:
@@ -84,48 +85,48 @@ class Task:
         return problems
 
     @classmethod
-    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+    def source_columns(cls, spec: Spec) -> list[str]:
         """The source columns the model's input is made of (never the evaluation label)."""
         raise NotImplementedError
 
     @classmethod
-    def model_input(cls, spec: PipelineSpec) -> list[str]:
+    def model_input(cls, spec: Spec) -> list[str]:
         """The prepared columns the model's input is read from: a committed chunk is reused only if they are
         unchanged."""
         raise NotImplementedError
 
     @classmethod
-    def produced(cls, spec: PipelineSpec) -> set[str]:
+    def produced(cls, spec: Spec) -> set[str]:
         """The columns the task writes (checked against the source's at spec load)."""
         return {spec.task.resolved_output_column(), *cls.extra_outputs}
 
     @classmethod
-    def prediction_column(cls, spec: PipelineSpec) -> str | None:
+    def prediction_column(cls, spec: Spec) -> str | None:
         """The column holding the task's answer to score against a label (None: the task predicts no label)."""
         return spec.task.resolved_output_column()
 
     @classmethod
-    def predicted_labels(cls, spec: PipelineSpec) -> tuple[str, list[str]] | None:
+    def predicted_labels(cls, spec: Spec) -> tuple[str, list[str]] | None:
         """(column, declared labels) for a task that predicts one of a set of labels; None for other tasks."""
         return None
 
     @classmethod
-    def names_own_columns(cls, spec: PipelineSpec) -> bool:
+    def names_own_columns(cls, spec: Spec) -> bool:
         """Whether the model names its output columns itself (nothing declares them before it runs)."""
         return False
 
     @classmethod
-    def generation_params(cls, spec: PipelineSpec) -> GenerationParams | None:
+    def generation_params(cls, spec: Spec) -> GenerationParams | None:
         """The sampling params sent with every call (generate only)."""
         return None
 
     @classmethod
-    def user_column(cls, spec: PipelineSpec) -> str:
+    def user_column(cls, spec: Spec) -> str:
         """What the user calls the text a token limit counts (`text_column`), for messages."""
         return str(cls.text_column)
 
     @staticmethod
-    def truncating(spec: PipelineSpec) -> bool:
+    def truncating(spec: Spec) -> bool:
         """Whether the output has the `input_truncated` flag column."""
         return spec.prepare.max_input_tokens is not None and spec.prepare.too_long == "truncate"
 

@@ -5,19 +5,17 @@ spec names image columns), a text per row back; optionally normalised to `task.l
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.tasks.base import ChunkPlan, Problems, note_row_errors, scatter
+from batch_assets.tasks.base import ChunkPlan, Problems, Spec, note_row_errors, scatter
 from batch_assets.tasks.text import TextInput
 from resources.multimodal import build_user_content
 from resources.protocols import GenerationParams
 from resources.structured import build_columns, validate_output
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 
 class GenerateTask(TextInput):
@@ -30,14 +28,14 @@ class GenerateTask(TextInput):
     structured = True
 
     @classmethod
-    def generation_params(cls, spec: PipelineSpec) -> GenerationParams:
+    def generation_params(cls, spec: Spec) -> GenerationParams:
         p = spec.task.params
         constraints = spec.task.structured.generation_constraints() if spec.task.structured else {}
         return GenerationParams(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
                                 stop=tuple(p.stop), seed=p.seed, **constraints)
 
     @classmethod
-    def spec_problems(cls, spec: PipelineSpec) -> Problems:
+    def spec_problems(cls, spec: Spec) -> Problems:
         problems = super(TextInput, cls).spec_problems(spec)  # a prompt template, not TextInput's text column
         task = spec.task
         if not spec.prepare.template:
@@ -47,31 +45,31 @@ class GenerateTask(TextInput):
         return problems
 
     @classmethod
-    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+    def source_columns(cls, spec: Spec) -> list[str]:
         prep = spec.prepare
         return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
 
     @classmethod
-    def model_input(cls, spec: PipelineSpec) -> list[str]:
+    def model_input(cls, spec: Spec) -> list[str]:
         return ["_prompt", "_images"] if spec.prepare.image_columns else ["_prompt"]
 
     @classmethod
-    def user_column(cls, spec: PipelineSpec) -> str:
+    def user_column(cls, spec: Spec) -> str:
         return "the prompt (prepare.template filled in)"
 
     @classmethod
-    def produced(cls, spec: PipelineSpec) -> set[str]:
+    def produced(cls, spec: Spec) -> set[str]:
         return super().produced(spec) | {spec.task.label_column or ""}
 
     @classmethod
-    def prediction_column(cls, spec: PipelineSpec) -> str | None:
+    def prediction_column(cls, spec: Spec) -> str | None:
         task = spec.task
         if task.structured is not None and not task.structured.unnest:
             return task.structured_column
         return task.label_column or task.resolved_output_column()
 
     @classmethod
-    def predicted_labels(cls, spec: PipelineSpec) -> tuple[str, list[str]] | None:
+    def predicted_labels(cls, spec: Spec) -> tuple[str, list[str]] | None:
         task = spec.task
         structured = task.structured
         if structured is not None and structured.choices is not None and not structured.unnest:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.tasks.base import ChunkPlan, Problems, Task
+from batch_assets.tasks.base import ChunkPlan, Problems, Spec, Task
 from batch_assets.tasks.outputs import Labels, Vectors
 from resources.multimodal import load_image
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 
 class ImageInput(Task):
@@ -21,18 +19,18 @@ class ImageInput(Task):
     reads = "image"
 
     @classmethod
-    def spec_problems(cls, spec: PipelineSpec) -> Problems:
+    def spec_problems(cls, spec: Spec) -> Problems:
         problems = super().spec_problems(spec)
         if len(spec.prepare.image_columns) != 1:
             problems.append(("prepare.image_columns", f"task {cls.kind!r} needs exactly one image column"))
         return problems
 
     @classmethod
-    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+    def source_columns(cls, spec: Spec) -> list[str]:
         return list(spec.prepare.image_columns)
 
     @classmethod
-    def model_input(cls, spec: PipelineSpec) -> list[str]:
+    def model_input(cls, spec: Spec) -> list[str]:
         return [spec.prepare.image_columns[0]]
 
     def _plan(self, batch: pa.RecordBatch, sent: np.ndarray, errors: list[str | None]) -> ChunkPlan:

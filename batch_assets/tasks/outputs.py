@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.tasks.base import ChunkPlan, Problems, Task, note_row_errors, scatter
+from batch_assets.tasks.base import ChunkPlan, Problems, Spec, Task, note_row_errors, scatter
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 
 class Vectors(Task):
@@ -21,7 +19,7 @@ class Vectors(Task):
     vectors = True
 
     @classmethod
-    def prediction_column(cls, spec: PipelineSpec) -> str | None:
+    def prediction_column(cls, spec: Spec) -> str | None:
         return None
 
     def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
@@ -39,14 +37,14 @@ class Labels(Task):
     extra_outputs = ("score",)
 
     @classmethod
-    def spec_problems(cls, spec: PipelineSpec) -> Problems:
+    def spec_problems(cls, spec: Spec) -> Problems:
         problems = super().spec_problems(spec)
         if not spec.task.labels:
             problems.append(("task.labels", f"task {cls.kind!r} needs candidate labels"))
         return problems
 
     @classmethod
-    def predicted_labels(cls, spec: PipelineSpec) -> tuple[str, list[str]] | None:
+    def predicted_labels(cls, spec: Spec) -> tuple[str, list[str]] | None:
         return (spec.task.resolved_output_column(), list(spec.task.labels)) if spec.task.labels else None
 
     def _call_args(self) -> tuple[Any, ...]:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.tasks.base import RESERVED_COLUMNS, ChunkPlan, Task, scatter
+from batch_assets.tasks.base import RESERVED_COLUMNS, ChunkPlan, Spec, Task, scatter
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 
 class PredictTask(Task):
@@ -21,19 +19,19 @@ class PredictTask(Task):
     output_types = True
 
     @classmethod
-    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+    def source_columns(cls, spec: Spec) -> list[str]:
         return spec.model_input_columns()
 
     @classmethod
-    def model_input(cls, spec: PipelineSpec) -> list[str]:
+    def model_input(cls, spec: Spec) -> list[str]:
         return spec.model_input_columns()
 
     @classmethod
-    def produced(cls, spec: PipelineSpec) -> set[str]:
+    def produced(cls, spec: Spec) -> set[str]:
         return super().produced(spec) | set(spec.task.output_types or {})
 
     @classmethod
-    def names_own_columns(cls, spec: PipelineSpec) -> bool:
+    def names_own_columns(cls, spec: Spec) -> bool:
         return not spec.task.output_types
 
     def _plan(self, batch: pa.RecordBatch, sent: np.ndarray, errors: list[str | None]) -> ChunkPlan:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.tasks.base import ChunkPlan, Problems, Task
+from batch_assets.tasks.base import ChunkPlan, Problems, Spec, Task
 from batch_assets.tasks.outputs import Labels, Vectors
 
-if TYPE_CHECKING:
-    from batch_assets.spec import PipelineSpec
 
 
 class TextInput(Task):
@@ -21,7 +18,7 @@ class TextInput(Task):
     text_column = "_text"
 
     @classmethod
-    def spec_problems(cls, spec: PipelineSpec) -> Problems:
+    def spec_problems(cls, spec: Spec) -> Problems:
         problems = super().spec_problems(spec)
         prep = spec.prepare
         if not (prep.text_column or prep.template):
@@ -32,16 +29,16 @@ class TextInput(Task):
         return problems
 
     @classmethod
-    def source_columns(cls, spec: PipelineSpec) -> list[str]:
+    def source_columns(cls, spec: Spec) -> list[str]:
         prep = spec.prepare
         return [prep.text_column] if prep.text_column else prep.template_fields()
 
     @classmethod
-    def model_input(cls, spec: PipelineSpec) -> list[str]:
+    def model_input(cls, spec: Spec) -> list[str]:
         return ["_text"]
 
     @classmethod
-    def user_column(cls, spec: PipelineSpec) -> str:
+    def user_column(cls, spec: Spec) -> str:
         """What the user calls the limited text, for messages."""
         if spec.prepare.template:
             return "the text (prepare.template filled in)"

@@ -18,7 +18,7 @@ the shared backend, which would cap every count at the model's length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,9 +26,6 @@ import pyarrow as pa
 from batch_assets.errors import PipelineError
 from batch_assets.storage import read_batches
 from resources.protocols import GenerationParams
-
-if TYPE_CHECKING:  # the spec imports the task table, which builds limits: the spec only as a parsed value here
-    from batch_assets.spec import PipelineSpec
 
 class TokenCounter:
     """Counts and cuts texts in a model's tokens."""
@@ -77,7 +74,7 @@ class TokenLimit:
     """The limit in force for one run of one pipeline (None from `for_run` when the spec sets none) on the prepared
     text `column`, which messages call `user_column` (the task says which: batch_assets/tasks)."""
 
-    spec: PipelineSpec
+    spec: Any  # the parsed PipelineSpec (the spec imports the task table, which builds limits)
     counter: TokenCounter
     max_tokens: int
     mode: str  # truncate | skip | fail
@@ -85,7 +82,7 @@ class TokenLimit:
     user_column: str
 
     @classmethod
-    def for_run(cls, spec: PipelineSpec, provider: Any, params: GenerationParams | None, column: str,
+    def for_run(cls, spec: Any, provider: Any, params: GenerationParams | None, column: str,
                 user_column: str) -> TokenLimit | None:
         wanted = spec.prepare.max_input_tokens
         if wanted is None:
