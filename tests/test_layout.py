@@ -125,25 +125,6 @@ def test_the_checker_sees_circles_through_late_and_type_checking_imports(tmp_pat
         ["batch_assets.a", "batch_assets.b"], ["batch_assets.c", "batch_assets.sub.d"]]
 
 
-# Function-local imports of project modules in the modules issue 16's items 2-3 rewrite; the test fails as soon as
-# one is gone, so that its line here goes with it.
-NOT_YET_AT_THE_TOP = {
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.errors"),
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.reliability.cache"),
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.reliability.locks"),
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.stages.infer"),
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.stages.write"),
-    ("batch_assets/reliability/dead_letters.py", "batch_assets.storage"),
-    ("batch_assets/stages/infer.py", "resources.structured"),
-    ("batch_assets/stages/infer_tasks.py", "batch_assets.spec"),
-    ("batch_assets/stages/infer_tasks.py", "batch_assets.stages.infer"),
-    ("batch_assets/stages/infer_tasks.py", "batch_assets.stages.structured_columns"),
-    ("batch_assets/stages/infer_tasks.py", "resources.multimodal"),
-    ("batch_assets/stages/infer_tasks.py", "resources.structured"),
-    ("batch_assets/stages/write.py", "batch_assets.reliability.dead_letters"),
-}
-
-
 def late_project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> set[tuple[str, str]]:
     """(file, module) for each import of a project module inside a function with no `#` reason on its line."""
     found = set()
@@ -166,9 +147,6 @@ def late_project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> se
 
 
 def test_project_modules_are_imported_at_the_top() -> None:
-    found = late_project_imports(ROOT)
-    new = sorted(found - NOT_YET_AT_THE_TOP)
-    assert not new, ("function-local imports of project modules (import them at the top, or say on the line why "
-                     "they wait):\n" + "\n".join(f"{f}: {m}" for f, m in new))
-    gone = sorted(NOT_YET_AT_THE_TOP - found)
-    assert not gone, f"now imported at the top, remove from NOT_YET_AT_THE_TOP: {gone}"
+    found = sorted(late_project_imports(ROOT))
+    assert not found, ("function-local imports of project modules (import them at the top, or say on the line why "
+                       "they wait):\n" + "\n".join(f"{f}: {m}" for f, m in found))
