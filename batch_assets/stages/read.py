@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
