@@ -77,6 +77,10 @@ class ModelResource(dg.ConfigurableResource):
     # sharded over all of them (`tensor_parallel`). A provider that does neither runs its model on one GPU.
     runs_replicas: ClassVar[bool] = False
     runs_tensor_parallel: ClassVar[bool] = False
+    # What to check when the model's answers ignore the output constraint (the fix of the error that stops a run
+    # whose structured answers do not parse).
+    unparseable_hint: ClassVar[str] = ("the model's answers ignore the constraint: check the provider supports "
+                                       "structured output (docs/structured-outputs.md)")
 
     @classmethod
     def replicas_config_problem(cls, config: dict[str, Any]) -> str | None:

@@ -17,6 +17,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
 from batch_assets.tasks import ChunkPlan
 from resources.errors import GAVE_UP
+from resources.registry import provider_class
 from resources.structured import is_unparseable, validate_output
 
 # A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
@@ -39,13 +40,7 @@ def unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
     hints = []
     if "cut off" in failure or "max_new_tokens" in failure:
         hints.append("raise task.params.max_new_tokens: the answers stop before the output is complete")
-    if spec.model.provider == "openai":
-        hints.append("the endpoint did not enforce the output format: check model.config constraint_backend "
-                     "(response_format for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode "
-                     "(json_object_schema for llama.cpp's server)")
-    else:
-        hints.append("the model's answers ignore the constraint: check the provider supports structured output "
-                     "(docs/structured-outputs.md)")
+    hints.append(provider_class(spec.model.provider).unparseable_hint)  # the provider says what to check
     hints.append("say in the prompt (prepare.template / prepare.system) exactly what to answer")
     hints.append("to keep such answers as row errors (dead letters) within runtime.max_error_fraction instead, set "
                  "task.structured.on_unparseable: row_error and task.structured.stop_after_unparseable: 0")

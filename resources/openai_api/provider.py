@@ -114,6 +114,10 @@ class OpenAICompatibleProvider(ModelResource):
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
+    unparseable_hint: ClassVar[str] = (
+        "the endpoint did not enforce the output format: check model.config constraint_backend (response_format "
+        "for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode (json_object_schema for llama.cpp's "
+        "server)")
 
     model: str = Field(description="Model name sent with every request (llama.cpp's server accepts any name).")
     base_url: str | None = Field(

@@ -109,3 +109,21 @@ def test_a_provider_declares_its_endpoint_pool(tmp_path: Path, monkeypatch: pyte
     spec = make_spec(GENERATE_SPEC, tmp_path, model={"provider": "hosted_api",
                                                     "config": {"base_url": "http://10.0.0.5:9000/v1"}})
     assert infer_pool(spec) == "endpoint:10.0.0.5:9000"
+
+
+class StrictApi(HostedApi):
+    unparseable_hint = "turn on strict mode in the endpoint's settings"
+
+
+def test_a_provider_declares_what_to_check_when_answers_do_not_parse(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix of the error that stops a run of unparseable structured answers names the provider's own hint."""
+    from batch_assets.stages.infer_guards import unparseable_fix
+
+    monkeypatch.setitem(PROVIDERS, "strict_api", f"{__name__}:StrictApi")
+    fix = unparseable_fix(make_spec(GENERATE_SPEC, tmp_path, model={"provider": "strict_api", "config": {}}),
+                          None, "not JSON")
+    assert "turn on strict mode in the endpoint's settings" in fix
+    openai = make_spec(GENERATE_SPEC, tmp_path, model={"provider": "openai", "config": {"model": "m"}})
+    assert "constraint_backend" in unparseable_fix(openai, None, "not JSON")
+    assert "docs/structured-outputs.md" in unparseable_fix(make_spec(GENERATE_SPEC, tmp_path), None, "not JSON")
