@@ -150,6 +150,8 @@ def test_s3_server_killed_mid_run_then_restarted(tmp_path: Path) -> None:
         _make_bucket(endpoint, "reliability")
         # the model kills the S3 server at its 4th call: the infer stage is committing chunks to S3 right then
         spec = _spec(str(data), seconds=0.05, kill_pid_env="MOTO_PID", kill_at_call=4)
+        # the step's retries (the default two) still run against the dead server, 1 s apart instead of 15 s and more
+        spec["retries"] = {"delay_seconds": 1, "jitter": False}
         run = _materialize(tmp_path, spec, store, _home(tmp_path, "home-1"), MOTO_PID=str(moto.pid), **env)
         log, _ = run.communicate(timeout=400)
         assert run.returncode != 0, "a run whose storage went away must fail, not succeed"
