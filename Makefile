@@ -65,9 +65,10 @@ ui: install
 	$(call step,"dg dev: the Dagster UI on http://127.0.0.1:$(UI_PORT) (instance in $(DAGSTER_HOME); Ctrl-C stops it)")
 	$(BIN)/dg dev --host 127.0.0.1 --port $(UI_PORT)
 
-# Two pytest-xdist workers; tests that start a Dagster daemon or webserver, or share a module's loaded model, are
+# Three pytest-xdist workers on the 2-core machine (the server tests wait on daemons and subprocesses: with two
+# workers a fifth of the CPU sat idle); tests that start a Dagster daemon or webserver, or share a module's loaded model, are
 # grouped onto one worker (xdist_group; tests/README.md), heaviest first; the 25 slowest tests are printed.
-PYTEST_PARALLEL ?= -n 2 --dist loadgroup
+PYTEST_PARALLEL ?= -n 3 --dist loadgroup
 test: install-test
 	$(BIN)/pytest -q -ra $(PYTEST_PARALLEL) --durations=25
 

@@ -1,7 +1,7 @@
 """Shared fixtures (temporary pipelines, storage roots, a real S3-protocol server on loopback) and how the suite runs
 in parallel.
 
-`make test` runs `pytest -n 2 --dist loadgroup` (pytest-xdist): two worker processes, each its own pytest session.
+`make test` runs `pytest -n 3 --dist loadgroup` (pytest-xdist): three worker processes, each its own pytest session.
 What that means for a test, and the convention for new ones (tests/README.md says the same in short):
 
 - Session-scoped fixtures (`s3_server`, `llama_server`) start once per worker, so at most twice per run. Nothing may
@@ -20,7 +20,7 @@ What that means for a test, and the convention for new ones (tests/README.md say
   loads once per run, not once per worker.
 - Heaviest first: tests are handed out longest first, from the measured seconds in tests/durations.json (a group
   counts as the sum of its tests; a test not measured yet counts 20 s if marked `slow`, else 1 s). Refresh the file
-  after adding slow tests: `.venv/bin/pytest -n 2 --dist loadgroup --record-durations` (the whole suite).
+  after adding slow tests: `.venv/bin/pytest -n 3 --dist loadgroup --record-durations` (the whole suite).
 - `make test` prints the 25 slowest tests (`--durations=25`) so every CI run shows where the time goes.
 """
 
@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # xdist's own `--dist loadgroup` marks a grouped test by appending "@group" to its nodeid, which pytest 9.2's
 # structured node ids ignore: every test became its own unit. Instead each worker writes the unit of each test
 # (a group, or the test itself) to a file, and the controller schedules whole units from it, in collection order
-# (heaviest first). Same flags (`-n 2 --dist loadgroup`); only the grouping is read differently.
+# (heaviest first). Same flags (`-n 3 --dist loadgroup`); only the grouping is read differently.
 UNITS_DIR_ENV = "BATCH_TESTS_XDIST_UNITS"
 
 
