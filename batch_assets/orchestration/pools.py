@@ -158,10 +158,14 @@ HOST_SLOT_RELEASED = "SQLite instance: this infer step released host slot"
 
 
 def _sqlite_lock_dir(instance) -> "str | None":
+    from dagster._core.storage.event_log.sqlite.consolidated_sqlite_event_log import (
+        ConsolidatedSqliteEventLogStorage,
+    )
     from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
+    # both SQLite event logs (per-run files, and the consolidated one a dagster.yaml can choose) claim slots alike
     storage = instance.event_log_storage
-    if not isinstance(storage, SqliteEventLogStorage):
+    if not isinstance(storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage)):
         return None
     import os
 

@@ -220,6 +220,19 @@ def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp
                 p.kill()
 
 
+def test_every_sqlite_event_log_gets_the_host_slots(tmp_path: Path) -> None:
+    """The consolidated SQLite event log (a dagster.yaml choice) claims pool slots the same way as the default."""
+    from batch_assets.orchestration.pools import _sqlite_lock_dir
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nevent_log_storage:\n  module: dagster._core.storage.event_log\n"
+        f"  class: ConsolidatedSqliteEventLogStorage\n  config:\n    base_dir: {home / 'events'}\n")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert _sqlite_lock_dir(instance) == str(home / "batch_pool_locks")
+
+
 def _home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     home.mkdir()
