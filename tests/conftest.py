@@ -36,7 +36,17 @@ from typing import Any
 
 import pytest
 
-from batch_assets.spec import PipelineSpec, parse_spec
+# Each xdist worker, and every process it starts (dagster CLI runs, servers), gets an equal share of the cores for
+# its OpenMP / MKL pools (torch, onnxruntime, tokenizers). Left alone, every process sizes its pool to all the cores:
+# three workers on two cores run six busy threads, and OpenMP's waiting threads spin. Measured on the loaded 2-core
+# machine, tests/providers/test_transformers_constrained.py: 79.5 s of CPU with two threads, 25.4 s with one. Set
+# before any test module imports torch; a variable the caller set wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, _share)
+
+from batch_assets.spec import PipelineSpec, parse_spec  # noqa: E402
 
 DAEMON_GROUP = "daemon"  # xdist_group of tests that start a Dagster daemon or webserver (module docstring)
 K8S_GROUP = "k8s"  # xdist_group of tests whose runs go through the Kubernetes Jobs stand-in (module docstring)
@@ -47,6 +57,10 @@ UNMEASURED_SLOW_S, UNMEASURED_S = 20.0, 1.0
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--record-durations", action="store_true",
                      help=f"write each test's measured seconds to {DURATIONS_FILE.name} (heaviest-first order)")
+    parser.addoption("--record-cpu", metavar="FILE", default=None,
+                     help="append each test's CPU seconds (the worker's and its reaped children's, user + system) "
+                          "to FILE as JSON lines: what the suite costs the machine, unlike wall time not inflated "
+                          "by load")
 
 
 def _group_of(item: pytest.Item) -> str | None:
@@ -131,6 +145,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 _recorded: dict[str, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    cpu_file = item.config.getoption("--record-cpu")
+    if not cpu_file:
+        yield
+        return
+    before = os.times()
+    yield
+    after = os.times()
+    spent = {"self": (after.user - before.user) + (after.system - before.system),
+             "children": (after.children_user - before.children_user)
+             + (after.children_system - before.children_system)}
+    with open(cpu_file, "a") as out:  # one short line per write: appends from several workers do not interleave
+        out.write(json.dumps({"test": item.nodeid, **{k: round(v, 2) for k, v in spent.items()}}) + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
