@@ -45,6 +45,9 @@ class Generation:
     completion_tokens: int | None = None
     error: str | None = None
     parsed: Any = None  # the validated structured value, when params asked for one
+    # Why generation stopped, where the provider knows: "length" (hit max_new_tokens), "stop" (the model ended it or
+    # a stop string). None: not reported. Structured-output errors say "cut off" only for "length".
+    finish_reason: str | None = None
 
 
 @dataclass

@@ -43,6 +43,13 @@ class RequestPlan:
     max_tokens: int  # the completion budget actually sent (for the token-rate estimate)
     decode: Callable[[str], str] = field(default=lambda text: text)  # raw content -> Generation.text
 
+    @property
+    def body(self) -> dict[str, Any]:
+        """The JSON fields of the request besides model and messages/input: `kwargs` with `extra_body` merged in
+        over them, as the SDK's create() sends it."""
+        fields = {k: v for k, v in self.kwargs.items() if k != "extra_body"}
+        return {**fields, **self.kwargs.get("extra_body", {})}
+
 
 def choices_schema(choices: tuple[str, ...]) -> dict[str, Any]:
     return {
@@ -162,25 +169,37 @@ def plan_request(
 def _usage(usage: Any, prompt_field: str, completion_field: str) -> tuple[int | None, int | None]:
     if usage is None:
         return None, None
-    prompt, completion = getattr(usage, prompt_field, None), getattr(usage, completion_field, None)
+    if isinstance(usage, dict):
+        prompt, completion = usage.get(prompt_field), usage.get(completion_field)
+    else:
+        prompt, completion = getattr(usage, prompt_field, None), getattr(usage, completion_field, None)
     return (prompt if isinstance(prompt, int) else None), (completion if isinstance(completion, int) else None)
 
 
-def chat_generation(completion: Any, decode: Callable[[str], str]) -> Generation:
-    """One row's Generation from a chat completion; MalformedResponse when the body is not a chat completion."""
-    choices = getattr(completion, "choices", None)
-    if not isinstance(choices, list) or not choices:
+def chat_generation(body: bytes | dict[str, Any], decode: Callable[[str], str]) -> Generation:
+    """One row's Generation from a chat completion's JSON body (bytes as received, or parsed); MalformedResponse
+    when it is not a chat completion. Read as plain JSON: building the SDK's pydantic models for every row cost
+    more CPU than the request itself at hundreds of requests a second (docs/BENCHMARKS.md)."""
+    completion = json.loads(body) if isinstance(body, (bytes, str)) else body
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise MalformedResponse(f"expected a chat completion with choices, got {_preview(completion)}")
-    message = getattr(choices[0], "message", None)
-    if message is None:
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
         raise MalformedResponse("the first choice has no message")
-    prompt_tokens, completion_tokens = _usage(getattr(completion, "usage", None), "prompt_tokens", "completion_tokens")
-    content = getattr(message, "content", None)
+    usage = completion.get("usage")
+    prompt_tokens, completion_tokens = _usage(usage if isinstance(usage, dict) else None, "prompt_tokens",
+                                              "completion_tokens")
+    finish_reason = choice.get("finish_reason")
+    finish_reason = finish_reason if isinstance(finish_reason, str) else None
+    content = message.get("content")
     if not isinstance(content, str):
-        refusal = getattr(message, "refusal", None)
-        reason = f"refused: {refusal}" if refusal else f"finish_reason={getattr(choices[0], 'finish_reason', None)}"
-        return Generation(None, prompt_tokens, completion_tokens, error=f"the model returned no text ({reason})")
-    return Generation(decode(content), prompt_tokens, completion_tokens)
+        refusal = message.get("refusal")
+        reason = f"refused: {refusal}" if refusal else f"finish_reason={finish_reason}"
+        return Generation(None, prompt_tokens, completion_tokens, error=f"the model returned no text ({reason})",
+                          finish_reason=finish_reason)
+    return Generation(decode(content), prompt_tokens, completion_tokens, finish_reason=finish_reason)
 
 
 def responses_generation(response: Any, decode: Callable[[str], str]) -> Generation:
