@@ -292,9 +292,14 @@ _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?\s*```\s*$", re.DOTALL)
 _QUOTES = ('"', "'", "`")
 
 
-def validate_output(text: str | None, structured: StructuredOutput) -> tuple[Any, str | None]:
+def validate_output(text: str | None, structured: StructuredOutput,
+                    finish_reason: str | None = None) -> tuple[Any, str | None]:
     """(value, None) when `text` satisfies the constraint, value shaped for `arrow_type_for(structured)`;
-    else (None, a message saying what is wrong). The caller keeps the raw text either way."""
+    else (None, a message saying what is wrong). The caller keeps the raw text either way.
+
+    `finish_reason` (Generation.finish_reason, where the provider reports it) decides the hint for JSON that does
+    not parse: "length" is output cut off at max_new_tokens; any other reason means the model ended the answer
+    itself, so the endpoint did not enforce the format. Unknown (None): guessed from unclosed brackets."""
     if text is None:
         return None, "no output text to validate"
     if structured.choices is not None:
@@ -319,7 +324,7 @@ def validate_output(text: str | None, structured: StructuredOutput) -> tuple[Any
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
-        hint = " (the output looks cut off: raise max_new_tokens)" if _unclosed(body) else ""
+        hint = _json_hint(body, exc, finish_reason)
         return None, f"{UNPARSEABLE}: output {_clip(text)} is not valid JSON: {exc.msg} (character {exc.pos}){hint}"
     problem = schema_problem(value, schema)
     if problem is not None:
@@ -338,6 +343,16 @@ def build_columns(
         return [column], [array]
     names = [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
     return names, list(array.flatten())  # flatten() keeps a failed row null in every unnested column
+
+
+def _json_hint(body: str, exc: json.JSONDecodeError, finish_reason: str | None) -> str:
+    if finish_reason == "length":
+        return " (the output stopped at max_new_tokens before the JSON was complete: raise max_new_tokens)"
+    if finish_reason is not None:  # the model stopped by itself: a length limit is not the cause
+        what = "went on after the JSON" if exc.msg == "Extra data" else "ended the answer itself"
+        return (f" (finish_reason={finish_reason}: the model {what}, so the endpoint did not enforce the output "
+                "format)")
+    return " (the output looks cut off: raise max_new_tokens)" if _unclosed(body) else ""
 
 
 def _unclosed(body: str) -> bool:

@@ -50,7 +50,7 @@ def unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
 def stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
     """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
     structured = spec.task.structured
-    problems = [r.error if r.error else validate_output(r.text, structured)[1] for r in results]
+    problems = [r.error if r.error else validate_output(r.text, structured, getattr(r, "finish_reason", None))[1] for r in results]
     if not all(is_unparseable(p) for p in problems):
         return
     shared = same_failure(problems)  # type: ignore[arg-type]

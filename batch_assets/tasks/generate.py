@@ -102,7 +102,8 @@ class GenerateTask(TextInput):
                   pa.array(scatter([r.prompt_tokens for r in results], sent, n), pa.int64()),
                   pa.array(scatter([r.completion_tokens for r in results], sent, n), pa.int64())]
         if task.structured:
-            s_names, s_arrays = self._structured_columns(texts, errors)
+            finish = scatter([getattr(r, "finish_reason", None) for r in results], sent, n)
+            s_names, s_arrays = self._structured_columns(texts, errors, finish)
             names += s_names
             arrays += s_arrays
         if task.labels:
@@ -112,8 +113,8 @@ class GenerateTask(TextInput):
             arrays.append(pa.array(labels, pa.string()))
         return names, arrays
 
-    def _structured_columns(self, texts: list[str | None],
-                            errors: list[str | None]) -> tuple[list[str], list[pa.Array]]:
+    def _structured_columns(self, texts: list[str | None], errors: list[str | None],
+                            finish_reasons: list[str | None]) -> tuple[list[str], list[pa.Array]]:
         """Validate each row's text against `task.structured`; failures become row errors (the text stays in the
         output column), successes a struct/string column or, with `unnest`, one column per property."""
         structured = self.spec.task.structured
@@ -122,7 +123,7 @@ class GenerateTask(TextInput):
             if errors[i] is not None:
                 values.append(None)
                 continue
-            value, problem = validate_output(text, structured)
+            value, problem = validate_output(text, structured, finish_reasons[i])
             if problem is not None:
                 errors[i] = problem
             values.append(value)

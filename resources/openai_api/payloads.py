@@ -11,6 +11,7 @@ Structured output is where OpenAI-compatible servers differ most, so the mapping
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -74,6 +75,25 @@ def label_from_json(text: str) -> str:
 def _schema_name(schema: dict[str, Any]) -> str:
     name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "output"))[:64]
     return name or "output"
+
+
+# What llama.cpp's servers say in /v1/models `owned_by`: llama-server (C++) and llama-cpp-python's server.
+LLAMA_CPP_OWNERS = frozenset({"llamacpp", "me"})
+
+
+async def detect_json_schema_mode(client: Any, timeout_s: float) -> JsonSchemaMode:
+    """'json_object_schema' when the endpoint is a llama.cpp server, else 'json_schema' (OpenAI's form, which OpenAI,
+    vLLM and most gateways enforce). llama-cpp-python's server refuses the json_schema form with HTTP 500 and
+    ignores a top-level `json_schema` field; `{"type": "json_object", "schema": ...}` is enforced by both llama.cpp
+    servers (tests/providers/test_openai_llama.py). An endpoint that does not answer /models gets 'json_schema'."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await client.get("/models", cast_to=bytes)
+        models = json.loads(raw).get("data") or []
+        owners = {m.get("owned_by") for m in models if isinstance(m, dict)}
+    except Exception:  # noqa: BLE001 - no answer is an answer: not a llama.cpp server we can recognise
+        return "json_schema"
+    return "json_object_schema" if owners & LLAMA_CPP_OWNERS else "json_schema"
 
 
 def _format_for(schema: dict[str, Any], mode: JsonSchemaMode, api: Api) -> dict[str, Any]:
@@ -224,7 +244,10 @@ def responses_generation(response: Any, decode: Callable[[str], str]) -> Generat
     if not texts:
         reason = f"refused: {' '.join(refusals)}" if refusals else f"status={getattr(response, 'status', None)}"
         return Generation(None, prompt_tokens, completion_tokens, error=f"the model returned no text ({reason})")
-    return Generation(decode("".join(texts)), prompt_tokens, completion_tokens)
+    status = getattr(response, "status", None)
+    cut = getattr(getattr(response, "incomplete_details", None), "reason", None) == "max_output_tokens"
+    finish_reason = "length" if cut else "stop" if status == "completed" else None
+    return Generation(decode("".join(texts)), prompt_tokens, completion_tokens, finish_reason=finish_reason)
 
 
 def _preview(value: Any) -> str:

@@ -30,6 +30,7 @@ from resources.openai_api.loop import BackgroundLoop, http_client
 from resources.openai_api.payloads import (
     ConstraintBackend,
     JsonSchemaMode,
+    detect_json_schema_mode,
     RequestPlan,
     chat_generation,
     plan_request,
@@ -72,6 +73,7 @@ class _Loaded:
     runner: BackgroundLoop
     gate: RequestGate
     secret: str | None  # the key in use, kept only to scrub it from error text
+    schema_mode: JsonSchemaMode | None = None  # json_schema_mode resolved ('auto': asked the endpoint once)
     last_stats: CallStats = field(default_factory=CallStats)
 
 
@@ -188,10 +190,12 @@ class OpenAICompatibleProvider(ModelResource):
         "llama.cpp; no regex), 'vllm' (extra_body structured_outputs, vLLM >= 0.12), 'vllm_legacy' "
         "(guided_choice / guided_regex / guided_json, vLLM < 0.12).",
     )
-    json_schema_mode: JsonSchemaMode = Field(
-        default="json_schema",
-        description="With constraint_backend='response_format': 'json_schema' (OpenAI's strict json_schema form) or "
-        "'json_object_schema' ({'type': 'json_object', 'schema': ...}, what llama.cpp's server accepts).",
+    json_schema_mode: Literal["auto", "json_schema", "json_object_schema"] = Field(
+        default="auto",
+        description="With constraint_backend='response_format': 'json_schema' (OpenAI's strict json_schema form), "
+        "'json_object_schema' ({'type': 'json_object', 'schema': ...}: llama.cpp's servers, which refuse the other "
+        "form or ignore it), or 'auto': json_object_schema when the endpoint's /models says it is llama.cpp "
+        "(llama-server or llama-cpp-python), else json_schema; asked once, at the first structured call.",
     )
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         default="max_tokens",
@@ -281,9 +285,12 @@ class OpenAICompatibleProvider(ModelResource):
 
     def _default_key_allowed(self) -> bool:
         """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""
+        return self.send_default_api_key or self._is_openai()
+
+    def _is_openai(self) -> bool:
         base = self.base_url or os.environ.get("OPENAI_BASE_URL")
         host = (urlsplit(base).hostname or "") if base else "api.openai.com"
-        return self.send_default_api_key or host == "openai.com" or host.endswith(".openai.com")
+        return host == "openai.com" or host.endswith(".openai.com")
 
     def _check_settings(self) -> None:
         problems = []
@@ -315,7 +322,8 @@ class OpenAICompatibleProvider(ModelResource):
             constraint_backend=self.constraint_backend,
         )
         if self.constraint_backend == "response_format":
-            out["json_schema_mode"] = self.json_schema_mode
+            resolved = self._model.schema_mode if isinstance(self._model, _Loaded) else None
+            out["json_schema_mode"] = resolved or self.json_schema_mode
         for name in ("requests_per_minute", "tokens_per_minute", "embedding_model", "dimensions"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -334,7 +342,7 @@ class OpenAICompatibleProvider(ModelResource):
             params,
             api=self.api,
             backend=self.constraint_backend,
-            json_schema_mode=self.json_schema_mode,
+            json_schema_mode=self._schema_mode(loaded, params),
             max_tokens_param=self.max_tokens_param,
             extra_body=self.config_value("extra_body"),
             store_responses=self.store_responses,
@@ -387,6 +395,19 @@ class OpenAICompatibleProvider(ModelResource):
         return RetryPolicy(
             self.max_attempts, self.timeout_s, self.backoff_base_s, self.backoff_max_s, self.max_retry_after_s
         )
+
+    def _schema_mode(self, loaded: _Loaded, params: GenerationParams) -> JsonSchemaMode:
+        """json_schema_mode for this call; 'auto' asks the endpoint which server it is, once per process, and only
+        when a call sends a JSON schema."""
+        if self.json_schema_mode != "auto":
+            return self.json_schema_mode
+        needs_schema = params.choices is not None or params.json_schema is not None
+        if loaded.schema_mode is None and needs_schema and self.constraint_backend == "response_format":
+            loaded.schema_mode = "json_schema" if self._is_openai() else loaded.runner.run(
+                detect_json_schema_mode(loaded.client, min(self.timeout_s, 10.0)))
+            self._info("structured output goes to %s as response_format %s", _public_url(self.base_url) or "OpenAI",
+                       loaded.schema_mode)
+        return loaded.schema_mode or "json_schema"
 
     def _embedding_model(self) -> str:
         return self.embedding_model or self.model

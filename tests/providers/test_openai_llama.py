@@ -15,6 +15,7 @@ import pytest
 from resources.base import LOAD_COUNTS
 from resources.openai_api import EmbeddingError, OpenAICompatibleProvider
 from resources.protocols import GenerationParams
+from resources.structured import StructuredOutput, validate_output
 from tests.providers.llama_server import LlamaServer
 
 LABELS = ("Law Firm", "Healthcare", "Technology", "Retail", "Finance", "Other")
@@ -78,9 +79,56 @@ def test_json_schema_output_is_json_that_fits_the_schema(llama):
         assert value["industry"] in LABELS and isinstance(value["is_public"], bool)
 
 
+# Asks for JSON and then an explanation: unconstrained, SmolLM2 answers in prose (or JSON and prose).
+TALKATIVE = ('Reply with a JSON object {"industry": one of ' + ", ".join(LABELS) + ', "is_public": true or false}, '
+             "then explain your answer.")
+INDUSTRY_SCHEMA = {
+    "type": "object",
+    "properties": {"industry": {"type": "string", "enum": list(LABELS)}, "is_public": {"type": "boolean"}},
+    "required": ["industry", "is_public"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_is_enforced_on_llama_cpp_with_the_default_settings(llama_server):
+    # No json_schema_mode in the config: the provider asks the server's /models, sees llama.cpp and sends the
+    # schema in the one form llama.cpp enforces. The same rows unconstrained do not parse (they talk past the JSON).
+    structured = StructuredOutput(json_schema=INDUSTRY_SCHEMA)
+    rows = [[{"role": "system", "content": TALKATIVE}, {"role": "user", "content": f"Company: {c}"}]
+            for c in COMPANIES[1:4]]
+    provider = OpenAICompatibleProvider(model="smollm2", base_url=llama_server.base_url, timeout_s=60).load_for_tests()
+    try:
+        free = provider.generate(rows, GenerationParams(max_new_tokens=24))
+        constrained = provider.generate(rows, GenerationParams(max_new_tokens=40, json_schema=INDUSTRY_SCHEMA))
+        mode = provider.describe()["json_schema_mode"]
+    finally:
+        provider.close()
+    assert all(validate_output(r.text, structured)[1] is not None for r in free), [r.text for r in free]
+    assert mode == "json_object_schema"
+    assert [r.error for r in constrained] == [None] * len(rows)
+    assert [validate_output(r.text, structured)[1] for r in constrained] == [None] * len(rows), [
+        r.text for r in constrained]
+
+
+def test_the_hint_for_unparseable_json_follows_the_servers_finish_reason(llama):
+    structured = StructuredOutput(json_schema=INDUSTRY_SCHEMA)
+    row = [{"role": "system", "content": TALKATIVE}, {"role": "user", "content": "Company: Microsoft"}]
+    cut, ended = llama.generate([row, row], GenerationParams(max_new_tokens=3))[0], None
+    for budget in (48, 96):  # unconstrained prose that the model ends itself
+        ended = llama.generate([row], GenerationParams(max_new_tokens=budget))[0]
+        if ended.finish_reason == "stop":
+            break
+    assert cut.finish_reason == "length" and ended.finish_reason == "stop", (cut, ended)
+    assert "raise max_new_tokens" in validate_output(cut.text, structured, cut.finish_reason)[1]
+    problem = validate_output(ended.text, structured, ended.finish_reason)[1]
+    assert "did not enforce the output format" in problem
+    assert "max_new_tokens" not in problem and "cut off" not in problem
+
+
 def test_openai_json_schema_form_on_llama_cpp_ends_in_row_errors_not_a_crash(llama_server):
     provider = OpenAICompatibleProvider(
-        model="smollm2", base_url=llama_server.base_url, max_attempts=2, backoff_base_s=0.01
+        model="smollm2", base_url=llama_server.base_url, max_attempts=2, backoff_base_s=0.01,
+        json_schema_mode="json_schema",  # asked for explicitly: the form llama-cpp-python refuses
     ).load_for_tests()
     try:
         results = provider.generate([conversation("Walmart")], GenerationParams(choices=LABELS))

@@ -183,6 +183,22 @@ def test_json_errors_say_what_is_wrong(text, message):
     assert value is None and message in error
 
 
+@pytest.mark.parametrize(
+    "text, finish_reason, says, never",
+    [
+        # the issue-17 case: JSON, then the model talks on; it stopped by itself, so nothing was cut off
+        ('{"name": "Acme"} and "more', "stop", "went on after the JSON", ("max_new_tokens", "cut off")),
+        ('{"name": "Acme", "employ', "stop", "did not enforce the output format", ("max_new_tokens", "cut off")),
+        ("Sure! Here it is", "stop", "did not enforce the output format", ("max_new_tokens", "cut off")),
+        ('{"name": "Acme", "employ', "length", "raise max_new_tokens", ("did not enforce",)),
+        ('{"name": "Acme", "employ', None, "looks cut off", ("did not enforce",)),  # provider did not say
+    ],
+)
+def test_json_hint_follows_the_finish_reason(text, finish_reason, says, never):
+    _, error = validate_output(text, StructuredOutput(pydantic_model=COMPANY), finish_reason)
+    assert says in error and not any(n in error for n in never), error
+
+
 def test_wrong_type_error_names_the_path():
     body = {"name": "A", "employees": "x", "revenue_musd": 1, "public": True, "industry": "Retail", "tags": [],
             "hq": {"city": "c"}}
