@@ -57,6 +57,21 @@ class SourceSpec(_Strict):
         default=2000, ge=1, description="Rows of sample data to generate in all (daily partitioning: per day)."
     )
     batch_rows: int = Field(default=4096, ge=1, description="Rows per record batch while streaming the source.")
+    types: dict[str, str] = Field(
+        default_factory=dict,
+        description="Declared Arrow types of source columns, e.g. {price: float64, title: string} (aliases: string, "
+        "int64, float64, bool, date32, timestamp[s], ...). A value that does not convert (\"12,99\" in a float64 "
+        "column) is a row error naming the file, row and value, kept in the dead letters; the read fails only when "
+        "such rows are more than runtime.max_error_fraction of the partition. Undeclared columns keep the reader's "
+        "types (csv: text; parquet: the file's; jsonl: those of the file's first block). Columns not in "
+        "`columns` are never read, whatever they hold. See docs/reading-data.md.",
+    )
+    block_size: int = Field(
+        default=1 << 20,
+        ge=1024,
+        description="csv / jsonl: bytes parsed at a time (memory per block). A line longer than this still reads: "
+        "the block grows to hold it.",
+    )
 
 
 class PartitioningSpec(_Strict):
@@ -508,6 +523,10 @@ class PipelineSpec(_Strict):
             if column is not None and column not in columns:
                 problems.append((field, f"column {column!r} is not in source.columns ({known})"))
 
+        for column, alias in self.source.types.items():
+            need_column(f"source.types.{column}", column)
+            if _arrow_type_problem(alias):
+                problems.append((f"source.types.{column}", _arrow_type_problem(alias)))
         need_column("prepare.id_column", prep.id_column)
         need_column("prepare.text_column", prep.text_column)
         need_column("partitioning.time_column", self.partitioning.time_column)
@@ -569,15 +588,9 @@ class PipelineSpec(_Strict):
             if name is not None and (name in RESERVED_COLUMNS or name.startswith("_")):
                 problems.append((field, f"{name!r} is reserved (pipeline columns: {', '.join(sorted(RESERVED_COLUMNS))}"
                                  "; names starting with '_' are internal): choose another name"))
-        if task.output_types is not None:
-            for name, alias in task.output_types.items():
-                try:
-                    import pyarrow as pa
-
-                    pa.type_for_alias(alias)
-                except ValueError:
-                    problems.append((f"task.output_types.{name}", f"unknown Arrow type {alias!r} (e.g. string, "
-                                     "int64, float64, bool)"))
+        for name, alias in (task.output_types or {}).items():
+            if _arrow_type_problem(alias):
+                problems.append((f"task.output_types.{name}", _arrow_type_problem(alias)))
         produced = {"error", "row_id", *kind.produced(self)}
         clash = sorted(produced & columns)
         if clash:
@@ -606,6 +619,16 @@ class PipelineSpec(_Strict):
         if TASKS[self.task.kind].prediction_column(self) is None:
             problems.append(("evaluation", f"task {self.task.kind!r} predicts no label to score"))
         return problems
+
+
+def _arrow_type_problem(alias: str) -> str | None:
+    import pyarrow as pa
+
+    try:
+        pa.type_for_alias(alias)
+    except ValueError:
+        return f"unknown Arrow type {alias!r} (e.g. string, int64, float64, bool, date32, timestamp[s])"
+    return None
 
 
 def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:

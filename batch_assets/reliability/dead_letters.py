@@ -31,7 +31,7 @@ DEAD_LETTER_SCHEMA = pa.schema([
 ])
 
 _CLASSES = [  # used when the infer stage did not record an `error_class` column itself
-    ("input", re.compile(r"^empty input|image could not be read|input too long", re.I)),
+    ("input", re.compile(r"^empty input|^bad value|image could not be read|input too long", re.I)),
     ("transient", re.compile(r"\b(429|5\d\d|timed? ?out|timeout|rate.?limit|connection|retries)\b", re.I)),
 ]
 

@@ -115,6 +115,8 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
             problems = [p or q for p, q in zip(problems, image_problems)]
             extra_names.append("_images")
             extra_arrays.append(images)
+        if "_read_error" in batch.schema.names:  # a value that did not convert at read (stages/sources/types.py)
+            problems = [r or p for r, p in zip(batch.column("_read_error").to_pylist(), problems)]
         flags = pa.array([p is not None for p in problems], pa.bool_())
         yield pa.RecordBatch.from_arrays(
             [*batch.columns, *extra_arrays, flags, pa.array(problems, pa.string())],

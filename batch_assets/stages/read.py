@@ -31,6 +31,7 @@ from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, 
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
+from batch_assets.stages.sources.types import READ_ERROR_COLUMN, conform, target_schema
 from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
 
 # `_row_hash` is the row id's stable 64-bit hash (the one hash shards are assigned by), computed once here and
@@ -66,6 +67,39 @@ class Duplicates:
         rows = batch.column("_source_row").to_pylist()
         keep = [r not in self.drop.get(f, ()) for f, r in zip(files, rows)]
         return batch if all(keep) else batch.filter(pa.array(keep, pa.bool_()))
+
+
+class ReadErrors:
+    """Rows of a partition with a value that did not convert to its column's type (`_read_error`): counted, a few
+    kept as samples, and held against runtime.max_error_fraction before the partition's `raw` file commits."""
+
+    def __init__(self) -> None:
+        self.rows, self.samples = 0, []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        errors = batch.column(READ_ERROR_COLUMN)
+        bad = len(errors) - errors.null_count
+        if bad:
+            self.rows += bad
+            if len(self.samples) < 5:
+                self.samples += errors.drop_null()[: 5 - len(self.samples)].to_pylist()
+
+    def check(self, spec: PipelineSpec, key: str, total: int) -> None:
+        limit = spec.runtime.max_error_fraction
+        if self.rows and self.rows / total > limit:
+            raise PipelineError(
+                f"{self.rows} of {total} rows hold a value that does not convert to its column's type "
+                f"({self.rows / total:.1%}, more than runtime.max_error_fraction={limit:g}); first: {self.samples[0]}",
+                pipeline=spec.name, partition=key,
+                fix="correct the values in the source, or declare those columns as string in source.types (or "
+                "drop the declaration), or raise runtime.max_error_fraction to keep such rows as row errors",
+            )
+
+    def metadata(self) -> dict[str, Any]:
+        import dagster as dg
+
+        return {"read_errors": self.rows,
+                "read_error_samples": dg.MetadataValue.md("\n".join(f"- {s}" for s in self.samples) or "none")}
 
 
 def _places(where: list[tuple[str, int]]) -> str:
@@ -118,6 +152,7 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
         scanned = [0]
         source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
         unique = UniqueIdChecker()  # 8 bytes a row
+        bad = ReadErrors()
         try:
             with write_parquet(url) as writer:
                 for batch in read_partition(spec, part, scanned):
@@ -126,7 +161,9 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
                     hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
                     source_ids.add_hashes(hashes)
                     unique.add_hashes(hashes)
+                    bad.add(batch)
                     writer.write(batch)
+                bad.check(spec, key, writer.rows)
                 if not writer.rows:  # a quiet day, a hash shard no row hashes to: an empty file with the source's columns
                     writer.schema_if_empty(partition_schema(spec, part))
                 # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
@@ -144,7 +181,7 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
     return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
                            {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes,
-                            **_duplicate_metadata(spec, duplicates)})
+                            **bad.metadata(), **_duplicate_metadata(spec, duplicates)})
 
 
 def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
@@ -171,6 +208,7 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     while True:  # twice at most, as in `run_read`
         source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
         unique = {k: UniqueIdChecker() for k in keys}
+        bad = {k: ReadErrors() for k in keys}
         scanned = [0]
         try:
             with ExitStack() as stack:
@@ -185,7 +223,11 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
                         if mask.any():
                             source_ids[k].add_hashes(hashes[mask])
                             unique[k].add_hashes(hashes[mask])
-                            writers[k].write(batch.filter(pa.array(mask)))
+                            shard = batch.filter(pa.array(mask))
+                            bad[k].add(shard)
+                            writers[k].write(shard)
+                for k in keys:
+                    bad[k].check(spec, k, writers[k].rows)
                 for k in keys:
                     if not writers[k].rows:  # no row hashed to this shard: an empty file with the source's columns
                         writers[k].schema_if_empty(partition_schema(spec, scope))
@@ -210,7 +252,7 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     # rows_in: the source rows scanned (once, for every shard), as `run_read` reports for a shard read alone
     return [PartitionReport(k, scanned[0], writers[k].rows, share, urls[k],
                             {"source_files": len(files), "read_shared_by": len(keys),
-                             "row_id_check_bytes": unique[k].nbytes,
+                             "row_id_check_bytes": unique[k].nbytes, **bad[k].metadata(),
                              **_duplicate_metadata(spec, (duplicates or {}).get(k))}) for k in keys]
 
 
@@ -245,9 +287,10 @@ def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
 
 
 def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:
-    fields = [source_schema.field(c) for c in spec.source.columns]
+    fields = list(target_schema(spec, source_schema))
     return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("_source_file", pa.string()),
-                               pa.field("_source_row", pa.int64()), pa.field(ROW_HASH, pa.uint64())])
+                               pa.field("_source_row", pa.int64()), pa.field(ROW_HASH, pa.uint64()),
+                               pa.field(READ_ERROR_COLUMN, pa.string())])
 
 
 def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
@@ -262,20 +305,21 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
             fix="remove the empty file or re-export it with its header and rows",
         )
     next_row = 1
-    checked: pa.Schema | None = None
+    target: pa.Schema | None = None  # every batch of the file is cast to it (stages/sources/types.py)
     for batch in source_module(spec.source.format).batches(spec, url):
-        if batch.schema != checked:
-            _check_text_types(spec, batch, next_row)
-            checked = batch.schema
+        if target is None:
+            target = target_schema(spec, batch.schema)
+            _check_text_types(spec, target, batch, next_row)
         n = batch.num_rows
+        columns, errors = conform(batch, target, url, next_row)
+        batch = pa.RecordBatch.from_arrays(columns, schema=target)
         rows = pa.array(np.arange(next_row, next_row + n, dtype=np.int64))
         ids = _row_ids(spec, url, batch, rows)
         hashes = pa.array(stable_hash64(ids.to_pylist()), pa.uint64())
         next_row += n
         yield pa.RecordBatch.from_arrays(
-            [batch.column(c) for c in spec.source.columns]
-            + [ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes],
-            names=[*spec.source.columns, *LINEAGE_COLUMNS],
+            [*columns, ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes, pa.array(errors, pa.string())],
+            names=[*spec.source.columns, *LINEAGE_COLUMNS, READ_ERROR_COLUMN],
         )
 
 
@@ -303,10 +347,10 @@ def _text_columns(spec: PipelineSpec) -> list[str]:
     return [c for c in dict.fromkeys(cols) if c]
 
 
-def _check_text_types(spec: PipelineSpec, batch: pa.RecordBatch, first_row: int) -> None:
+def _check_text_types(spec: PipelineSpec, schema: pa.Schema, batch: pa.RecordBatch, first_row: int) -> None:
     """A list, struct, map or binary value would reach the model as its Python repr: refuse it by name instead."""
     for column in _text_columns(spec):
-        kind = batch.schema.field(column).type
+        kind = schema.field(column).type
         if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
             valid = pc.is_valid(batch.column(column))
             at = pc.index(valid, True).as_py() if pc.any(valid).as_py() else 0

@@ -34,7 +34,7 @@ TRUNCATED_COLUMN = "input_truncated"
 # Columns the stages add to every row (lineage, preparation, the infer loop's error column): no source column or
 # model output may take these names, or one would overwrite the other after the model was paid for.
 RESERVED_COLUMNS = frozenset({ERROR_COLUMN, "row_id", "_source_file", "_source_row", "_input_empty",
-                              "_input_problem", "_text", "_prompt", "_images", TRUNCATED_COLUMN})
+                              "_input_problem", "_read_error", "_text", "_prompt", "_images", TRUNCATED_COLUMN})
 
 Problems = list[tuple[str, str]]  # (spec field, what is wrong), as PipelineSpec's check reports them
 

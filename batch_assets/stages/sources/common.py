@@ -1,13 +1,10 @@
-"""What the source formats share: the declared-columns check, the bad-UTF-8 row finder, the parse block size."""
+"""What the source formats share: the declared-columns check, the bad-UTF-8 row finder."""
 
 from __future__ import annotations
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import filesystem_for
-
-BLOCK = 1 << 20  # bytes per parse block: bounds memory while streaming a file
-
 
 def missing_columns(spec: PipelineSpec, found: list[str]) -> None:
     missing = [c for c in spec.source.columns if c not in found]

@@ -10,31 +10,59 @@ import pyarrow.csv as pacsv
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
-from batch_assets.stages.sources.common import BLOCK, first_bad_utf8_row, missing_columns
+from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
 from batch_assets.storage import filesystem_for
 
 
 def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
-    read_opts = pacsv.ReadOptions(encoding=spec.source.encoding, block_size=BLOCK)
-    with fs.open(path, "rb") as f:
-        try:
-            header = pacsv.open_csv(f, read_options=read_opts).schema.names
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise csv_error(spec, url, exc, []) from None
+    block = spec.source.block_size
+    while True:  # the first block must hold the header and the first row
+        with fs.open(path, "rb") as f:
+            try:
+                header = pacsv.open_csv(f, read_options=_read_options(spec, block)).schema.names
+                break
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                if _grow(exc, fs.size(path), block):
+                    block = _grow(exc, fs.size(path), block)
+                    continue
+                raise csv_error(spec, url, exc, []) from None
     missing_columns(spec, header)
     # Declared columns are read as text: a streamed CSV infers types from its first block, and a later block
-    # that disagrees would fail half-way. Templates and ids are text anyway.
+    # that disagrees would fail half-way. The read stage casts the columns declared in source.types, row by row.
     convert = pacsv.ConvertOptions(
         include_columns=spec.source.columns, column_types={c: pa.string() for c in spec.source.columns}
     )
-    with fs.open(path, "rb") as f:
-        try:
-            reader = pacsv.open_csv(f, read_options=read_opts, convert_options=convert)
-            for batch in reader:
-                yield batch
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise csv_error(spec, url, exc, header) from None
+    done = 0  # rows already yielded: a read again with a larger block skips them
+    while True:
+        with fs.open(path, "rb") as f:
+            try:
+                skip = done
+                for batch in pacsv.open_csv(f, read_options=_read_options(spec, block), convert_options=convert):
+                    if skip >= batch.num_rows:
+                        skip -= batch.num_rows
+                        continue
+                    batch, skip = batch.slice(skip), 0
+                    done += batch.num_rows
+                    yield batch
+                return
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                if _grow(exc, fs.size(path), block):
+                    block = _grow(exc, fs.size(path), block)
+                    continue
+                raise csv_error(spec, url, exc, header) from None
+
+
+def _grow(exc: Exception, size: int, block: int) -> int | None:
+    """A larger block when a row did not fit in one (a 4 MB description): the read goes on with a block that holds
+    it, found by growing fourfold (at most the file's size)."""
+    if "straddl" in str(exc) and block <= size:
+        return min(block * 4, size + 1)
+    return None
+
+
+def _read_options(spec: PipelineSpec, block: int) -> pacsv.ReadOptions:
+    return pacsv.ReadOptions(encoding=spec.source.encoding, block_size=block)
 
 
 def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:

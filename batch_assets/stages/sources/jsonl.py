@@ -1,8 +1,16 @@
 """JSON lines source files: one object per line, parsed in blocks (pyarrow's own streaming reader reads ahead
-without bound)."""
+without bound).
+
+Only the declared columns are parsed: after the first block, pyarrow gets them as an explicit schema and ignores
+every other field, so an unused field whose JSON kind changes from line to line never fails the read. A block that
+pyarrow refuses (a declared column whose kind changes, a line it cannot parse) is parsed again line by line with
+the standard library: values of the wrong kind come out as text (the read stage then casts them and makes each
+value that does not convert a row error), and a line that is not a JSON object fails the read naming the line.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -10,40 +18,104 @@ import pyarrow.json as pajson
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
-from batch_assets.stages.sources.common import BLOCK, first_bad_utf8_row, missing_columns
+from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
+from batch_assets.stages.sources.types import declared_types
 from batch_assets.storage import filesystem_for
+
+BOM = b"\xef\xbb\xbf"
 
 
 def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     encoding = spec.source.encoding.lower().replace("_", "-")
-    schema: pa.Schema | None = None
+    declared = declared_types(spec)
+    parse_schema: pa.Schema | None = None  # the wanted columns' types, fixed by the first block
+    line = 1  # the first line of the block, for messages
     with fs.open(path, "rb") as raw:
         try:
-            for block in line_blocks(raw):
+            for block in line_blocks(raw, spec.source.block_size):
                 if encoding not in ("utf-8", "utf8"):
                     block = block.decode(spec.source.encoding).encode("utf-8")
-                # the first block fixes the column types, as pyarrow's own streaming reader does
-                parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema \
-                    else pajson.ParseOptions()
-                table = pajson.read_json(pa.BufferReader(block), read_options=pajson.ReadOptions(use_threads=False),
-                                         parse_options=parse)
-                if schema is None:
+                table = _parse(block, parse_schema)
+                if table is None:
+                    table = _parse_lines(spec, block, parse_schema, declared, line)
+                if parse_schema is None:
                     missing_columns(spec, table.schema.names)
-                    schema = table.schema
+                    parse_schema = pa.schema([_parse_field(table.schema.field(c), declared.get(c))
+                                              for c in spec.source.columns])
+                line += block.count(b"\n")
                 for batch in table.select(spec.source.columns).to_batches(max_chunksize=spec.source.batch_rows):
                     check_utf8(spec, url, batch)
                     yield batch
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            message = str(exc)
-            if isinstance(exc, UnicodeDecodeError) or "UTF8" in message or "encoding" in message.lower():
-                raise PipelineError(
-                    f"the file is not valid {spec.source.encoding}",
-                    row=first_bad_utf8_row(url),
-                    fix="re-encode the file as UTF-8, or set source.encoding in the spec",
-                ) from None
-            raise PipelineError(f"the JSON lines file could not be parsed: {message}",
+        except UnicodeDecodeError:
+            raise _not_utf8(spec, url) from None
+        except pa.ArrowInvalid as exc:
+            if "UTF8" in str(exc) or "encoding" in str(exc).lower():
+                raise _not_utf8(spec, url) from None
+            raise PipelineError(f"the JSON lines file could not be parsed: {exc}",
                                 fix="each line must be one JSON object") from None
+
+
+def _not_utf8(spec: PipelineSpec, url: str) -> PipelineError:
+    return PipelineError(f"the file is not valid {spec.source.encoding}", row=first_bad_utf8_row(url),
+                         fix="re-encode the file as UTF-8, or set source.encoding in the spec")
+
+
+def _parse_field(found: pa.Field, declared: pa.DataType | None) -> pa.Field:
+    kind = declared or found.type
+    return pa.field(found.name, pa.string() if pa.types.is_null(kind) else kind)
+
+
+def _parse(block: bytes, schema: pa.Schema | None) -> pa.Table | None:
+    """The block parsed by pyarrow, or None when pyarrow refuses it (a kind that changes, a bad line)."""
+    parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore") if schema \
+        else pajson.ParseOptions()
+    # the whole block is one parse block: a line of any size reads (a block always ends at a line end)
+    options = pajson.ReadOptions(use_threads=False, block_size=len(block) + 1)
+    try:
+        return pajson.read_json(pa.BufferReader(block), read_options=options, parse_options=parse)
+    except pa.ArrowInvalid as exc:
+        if "UTF8" in str(exc):
+            raise
+        return None
+
+
+def _parse_lines(spec: PipelineSpec, block: bytes, schema: pa.Schema | None,
+                 declared: dict[str, pa.DataType], first_line: int) -> pa.Table:
+    """The wanted columns of the block, line by line (error path only): a column whose values do not fit one type
+    comes out as text (JSON text for objects and lists)."""
+    wanted = spec.source.columns
+    values: dict[str, list] = {c: [] for c in wanted}
+    seen: set[str] = set()
+    for offset, text in enumerate(block.split(b"\n")):
+        if first_line + offset == 1 and text.startswith(BOM):
+            text = text[len(BOM):]
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PipelineError(f"line {first_line + offset} is not valid JSON ({exc.msg}, at character {exc.pos + 1})",
+                                row=first_line + offset, fix="each line must be one JSON object: fix or remove "
+                                "that line") from None
+        if not isinstance(obj, dict):
+            raise PipelineError(f"line {first_line + offset} holds a JSON {type(obj).__name__}, not an object",
+                                row=first_line + offset, fix="each line must be one JSON object: fix or remove "
+                                "that line")
+        seen.update(obj)
+        for c in wanted:
+            values[c].append(obj.get(c))
+    names = [c for c in wanted if schema is not None or c in seen]
+    kinds = {c: (schema.field(c).type if schema is not None else declared.get(c)) for c in names}
+    return pa.table([_column(values[c], kinds[c]) for c in names], names=names)
+
+
+def _column(values: list, kind: pa.DataType | None) -> pa.Array:
+    try:
+        return pa.array(values, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        return pa.array([v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                         for v in values], pa.string())
 
 
 def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
@@ -51,8 +123,9 @@ def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
     return None
 
 
-def line_blocks(f, size: int = BLOCK) -> Iterator[bytes]:
-    """The file in blocks of about `size` bytes, each ending at a line end: one block in memory at a time.
+def line_blocks(f, size: int) -> Iterator[bytes]:
+    """The file in blocks of about `size` bytes, each ending at a line end: one block in memory at a time (a block
+    grows to hold a line longer than `size`).
 
     pyarrow's streaming JSON reader reads ahead without bound (a 30 MB file was held whole), so we feed it blocks."""
     rest = b""
