@@ -574,8 +574,10 @@ class PipelineSpec(_Strict):
                 problems.append(("runtime.resources.gpu_strategy", f"'replicas', but {problem}"))
         if self.model.provider not in PROVIDERS:
             problems.append(("model.provider", f"unknown provider {self.model.provider!r}; known: {', '.join(sorted(PROVIDERS))}"))
-        elif not supports(provider_class(self.model.provider), task.kind):
-            problems.append(("task.kind", f"provider {self.model.provider!r} cannot run task {task.kind!r}"))
+        else:
+            problems += provider_config_problems(self.model.provider, self.model.config)
+            if not supports(provider_class(self.model.provider), task.kind):
+                problems.append(("task.kind", f"provider {self.model.provider!r} cannot run task {task.kind!r}"))
 
         reserved_source = sorted(RESERVED_COLUMNS & columns)
         if reserved_source:
@@ -619,6 +621,24 @@ class PipelineSpec(_Strict):
         if TASKS[self.task.kind].prediction_column(self) is None:
             problems.append(("evaluation", f"task {self.task.kind!r} predicts no label to score"))
         return problems
+
+
+def provider_config_problems(provider: str, config: dict[str, Any]) -> list[tuple[str, str]]:
+    """A `model.config` key the provider's resource does not declare, named with the closest valid one: a typo
+    (`batch_sise`) would otherwise run on with the default. Every provider is a resource class whose fields are
+    its settings (resources/registry.py), a custom or user-registered one included."""
+    import difflib
+
+    known = sorted(provider_class(provider).model_fields)
+    problems = []
+    for key in config:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append((f"model.config.{key}", f"unknown setting {key!r} for provider {provider!r}: {hint}its "
+                         f"settings are {', '.join(known)} (docs/spec-reference.md)"))
+    return problems
 
 
 def _arrow_type_problem(alias: str) -> str | None:

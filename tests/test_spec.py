@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_assets.spec import SpecError, load_spec, load_specs, parse_spec
+from batch_assets.spec import SpecError, load_spec, load_specs, parse_spec, provider_config_problems
+from resources.base import ModelResource
+from resources.registry import PROVIDERS, provider_class
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC
 
 
@@ -83,3 +85,44 @@ def test_structured_output_is_validated_at_load() -> None:
     assert "task.structured" in msg and "nope.mod" in msg
     msg = _bad(EMBED_SPEC, lambda r: r["task"].update(structured={"choices": ["a"]}))
     assert "applies to task 'generate' only" in msg
+
+
+def test_misspelled_provider_setting_names_the_closest_one() -> None:
+    msg = _bad(EMBED_SPEC, lambda r: r["model"]["config"].update(batch_sise=64))
+    assert "pipeline 'docs'" in msg and "test.yaml" in msg
+    assert "model.config.batch_sise" in msg and "did you mean 'batch_size'?" in msg
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDERS))
+def test_every_provider_refuses_unknown_settings(provider: str) -> None:
+    """Every provider's settings are its resource's fields: a key it does not declare is named, never ignored."""
+    name = max(provider_class(provider).model_fields, key=len)
+    typo = name[:-1] + ("x" if name[-1] != "x" else "y")  # one valid name, misspelled
+    problems = dict(provider_config_problems(provider, {name: None, typo: 1, "zzz_nothing_like": 2}))
+    assert set(problems) == {f"model.config.{typo}", "model.config.zzz_nothing_like"}
+    assert f"did you mean {name!r}?" in problems[f"model.config.{typo}"]
+    assert "did you mean" not in problems["model.config.zzz_nothing_like"]
+
+
+def test_a_registered_provider_declares_its_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider a project adds to the registry (one line in resources/registry.py) is checked by its own fields."""
+    monkeypatch.setitem(PROVIDERS, "my_embedder", "tests.test_spec:_MyEmbedder")
+    ok = copy.deepcopy(EMBED_SPEC)
+    ok["model"] = {"provider": "my_embedder", "config": {"dimensions": 8}}
+    parse_spec(ok)
+    msg = _bad(ok, lambda r: r["model"]["config"].update(dimension=8))
+    assert "model.config.dimension" in msg and "did you mean 'dimensions'?" in msg
+
+
+def test_source_types_are_checked_at_load() -> None:
+    msg = _bad(EMBED_SPEC, lambda r: r["source"].update(types={"text": "flaot64"}))
+    assert "source.types.text" in msg and "unknown Arrow type 'flaot64'" in msg
+    msg = _bad(EMBED_SPEC, lambda r: r["source"].update(types={"price": "float64"}))
+    assert "source.types.price" in msg and "not in source.columns" in msg
+
+
+class _MyEmbedder(ModelResource):
+    dimensions: int = 4
+
+    def embed(self, texts):  # the capability the spec check looks for
+        return [[0.0] * self.dimensions for _ in texts]

@@ -95,11 +95,11 @@ def _parse_lines(spec: PipelineSpec, block: bytes, schema: pa.Schema | None,
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise PipelineError(f"line {first_line + offset} is not valid JSON ({exc.msg}, at character {exc.pos + 1})",
+            raise PipelineError(f"the JSON lines file could not be parsed: line {first_line + offset} is not valid JSON ({exc.msg}, at character {exc.pos + 1})",
                                 row=first_line + offset, fix="each line must be one JSON object: fix or remove "
                                 "that line") from None
         if not isinstance(obj, dict):
-            raise PipelineError(f"line {first_line + offset} holds a JSON {type(obj).__name__}, not an object",
+            raise PipelineError(f"the JSON lines file could not be parsed: line {first_line + offset} holds a JSON {type(obj).__name__}, not an object",
                                 row=first_line + offset, fix="each line must be one JSON object: fix or remove "
                                 "that line")
         seen.update(obj)
