@@ -62,6 +62,10 @@ def test_dg_check_defs_fails_on_a_broken_spec(tmp_path: Path) -> None:
     still loads the healthy pipelines; tests/test_spec.py)."""
     shutil.copyfile(ROOT / "batch_assets/pipelines/daily_review_sentiment.yaml", tmp_path / "good.yaml")
     (tmp_path / "broken_one.yaml").write_text("name: broken_one\nsource: {format: csv}\n")
+    good = (ROOT / "batch_assets/pipelines/daily_review_sentiment.yaml").read_text()
+    assert "    batch_size: 256\n" in good
+    (tmp_path / "typo_setting.yaml").write_text(  # a misspelled provider setting must not run on with the default
+        good.replace("name: daily_review_sentiment", "name: typo_setting").replace("batch_size: 256", "batch_sise: 256"))
     environment = {k: v for k, v in os.environ.items() if k != "DAGSTER_IS_DEFS_VALIDATION_CLI"}
     proc = subprocess.run([DG, "check", "defs"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**environment, "BATCH_PIPELINES_DIR": str(tmp_path)})
@@ -69,6 +73,8 @@ def test_dg_check_defs_fails_on_a_broken_spec(tmp_path: Path) -> None:
     assert proc.returncode != 0, out[-3000:]
     assert "All definitions loaded successfully" not in out
     assert f"{tmp_path / 'broken_one.yaml'}" in out and "source.columns: Field required" in out
+    assert f"{tmp_path / 'typo_setting.yaml'}" in out and "model.config.batch_sise" in out
+    assert "did you mean 'batch_size'?" in out
 
 
 def test_scaffolded_component_pipeline_materializes(tmp_path: Path) -> None:
