@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PipelineError(Exception):
     """Bad input or a broken stage. Raised inside an asset; the step fails and no partial output is committed."""
@@ -50,3 +52,23 @@ class PipelineError(Exception):
             if fields.get(key) is None:
                 fields[key] = value
         return PipelineError(self.what, **fields)
+
+
+# What waiting may fix: an S3 or endpoint 5xx, a timeout, a dropped connection, throttling.
+_TRANSIENT = re.compile(r"(status|http|code)\D{0,12}5\d\d\b|\b50[0234]\b|\b(timed? ?out|timeout|throttl\w*|slow ?down|connection|connect|temporar\w*|"
+                        r"unavailable|internal ?error|broken pipe|reset by peer)\b", re.I)
+# What never changes on a retry: the data or the schema is wrong, or access is refused.
+_DETERMINISTIC = re.compile(r"invalid|schema|vector|does not match|not compatible|cannot cast|type mismatch|"
+                            r"access ?denied|forbidden|\b40[03]\b|no such bucket|nosuchbucket", re.I)
+
+
+def transient_failure(exc: BaseException) -> bool | None:
+    """Whether a retry may fix this failure of an external system (a sink's write, a store): True for outages and
+    timeouts, False for errors that a retry repeats word for word (a bad value or vector, a schema mismatch, access
+    denied), None when it cannot tell (the step's RetryPolicy then decides, as for any other exception)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(str(exc)):
+        return True
+    if isinstance(exc, (ValueError, TypeError, KeyError, NotImplementedError, PermissionError)) \
+            or _DETERMINISTIC.search(str(exc)):
+        return False
+    return None

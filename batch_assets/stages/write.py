@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.errors import PipelineError
+from batch_assets.errors import PipelineError, transient_failure
 from batch_assets.reliability.checkpoint import remove_partition_checkpoints
 from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
@@ -46,6 +46,7 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     url = sink_url(spec, storage, key)
     dl_url = dead_letter_url(storage, spec.name, key)
 
+    keeps_failed = getattr(sink_for(spec.sink.format), "keeps_failed_rows", True)
     with DeadLetterWriter(spec, dl_url) as dead:
         def batches() -> Iterator[pa.RecordBatch]:
             for batch in read_batches(src, batch_rows=spec.source.batch_rows):
@@ -58,6 +59,10 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
                     counts["model_errors"] += pc.sum(failed).as_py() or 0
                 published.add(batch)
                 dead.add(batch)
+                if not keeps_failed and "error" in batch.schema.names and batch.column("error").null_count < len(batch):
+                    # failed rows (no vector) live in the dead letters only: a vector store cannot hold a null
+                    # vector, and a search must never return one
+                    batch = batch.filter(pc.is_null(batch.column("error")))
                 out = batch.select(columns)
                 if sum(b.num_rows for b in head) < 5:
                     head.append(out.slice(0, 5))
@@ -73,6 +78,7 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     return PartitionReport(key, counts["rows_in"], rows, time.perf_counter() - start, url,
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
                             "model_errors": counts["model_errors"], **empty,
+                            **({} if keeps_failed else {"failed_rows_in_dead_letters_only": counts["errors"]}),
                             "dead_letters_path": dl_url},
                            rows_with_errors=counts["errors"], schema=sink_for(spec.sink.format).written_schema(url, out_schema),
                            preview=markdown_preview(head, columns))
@@ -122,5 +128,26 @@ def sink_columns(spec: PipelineSpec, available: list[str]) -> list[str]:
 
 def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
     """Stream `batches` into `url` in the sink format (stages/sinks/); returns rows written. Visible only when
-    complete."""
-    return sink_for(spec.sink.format).write(spec, url, batches, schema)
+    complete.
+
+    A failure the sink reports is classified (errors.transient_failure): an outage or timeout is raised as it is,
+    so the step's RetryPolicy runs it again; an error a retry would repeat (a bad value or vector, a schema
+    mismatch, access denied) fails at once, naming the sink and the cause."""
+    try:
+        return sink_for(spec.sink.format).write(spec, url, batches, schema)
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if transient_failure(exc) is not False:
+            raise
+        raise PipelineError(
+            f"the {spec.sink.format} sink refused the partition's rows: {_first_line(exc)}", file=url,
+            fix="this error does not go away on a retry, so the step was not retried: check that the output "
+            "columns match what the sink already holds (sink.columns, the table's schema), or write to a new "
+            "table or path; docs/troubleshooting.md has the known cases",
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."

@@ -12,6 +12,10 @@ from batch_assets.storage import atomic_output, filesystem_for, join, partition_
 
 
 class Sink(Protocol):
+    # False: the write stage hands the sink only the rows that succeeded (the failed ones are in the dead letters);
+    # for a store that cannot hold a failed row's empty output (a vector store and its null vector).
+    keeps_failed_rows: bool
+
     def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
         """Where `partition` is published, under the sink's base folder or database (`sink.path` or the default)."""
 
@@ -29,6 +33,7 @@ class FileSink:
     """One file per partition, `<base>/<partition>.<extension>`, written beside its target and swapped in."""
 
     extension = ""
+    keeps_failed_rows = True  # a file keeps every row, failed ones with their `error`
 
     def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
         return join(base, partition_file_name(partition, self.extension))

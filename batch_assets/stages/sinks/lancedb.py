@@ -144,7 +144,12 @@ def partition_rows(url: str) -> int:
 
 
 class LanceSink:
-    """One table per pipeline (`sink.table`, default the pipeline's name) in the database at the sink's path."""
+    """One table per pipeline (`sink.table`, default the pipeline's name) in the database at the sink's path.
+
+    Failed rows (an empty input, a model error) are not written: they have no vector, and LanceDB refuses a null
+    vector ("variable length vectors ... on_bad_vectors"); they are in the partition's dead letters."""
+
+    keeps_failed_rows = False
 
     def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
         return partition_url(base, spec.sink.table or spec.name, partition)
