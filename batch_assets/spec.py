@@ -360,7 +360,8 @@ class RuntimeSpec(_Strict):
         le=1.0,
         description="The most rows of a partition the model may fail on (errors after retries, invalid outputs) "
         "before the blocking `error_rate` check fails the infer step and nothing is published. Rows whose input "
-        "was empty are reported, not counted.",
+        "was empty are reported, not counted. The read stage holds the rows whose values do not convert to "
+        "source.types against the same fraction (docs/reading-data.md).",
     )
     response_cache: bool = Field(
         default=False,
