@@ -65,11 +65,11 @@ def _write(folder: Path, fmt: str) -> None:
         pq.write_table(pa.Table.from_pylist(records), folder / "a.parquet", row_group_size=4)
 
 
-def _spec(fmt: str, data: Path | str, **source):
+def _spec(fmt: str, data: Path | str, text_column: str = "description", **source):
     return make_spec(EMBED_SPEC, data, source={
         "format": fmt, "path": f"{data}/{{partition}}.{fmt}", "columns": ["id", "title", "description", "price", "notes"],
         "types": {"price": "float64"}, **source},
-        prepare={"id_column": "id", "text_column": "description"},
+        prepare={"id_column": "id", "text_column": text_column},
         partitioning={"kind": "static", "keys": ["a"]}, runtime={"chunk_rows": 64, "max_error_fraction": 0.5})
 
 
@@ -173,3 +173,17 @@ def test_empty_files(tmp_path: Path, embedder) -> None:
     (data / "a.jsonl").write_bytes(b"")
     with pytest.raises(PipelineError, match=r"the source file is empty \(0 bytes\).*a\.jsonl"):
         run_read(_spec("jsonl", data), ArrowStorage(root=str(tmp_path / "store")), "a")
+
+
+def test_a_text_column_whose_first_values_are_numbers_is_text(tmp_path: Path) -> None:
+    """JSON lines: `title` is 42 and true in the first lines, words later (in another parse block): all text, as
+    the model reads it, not an int64 column guessed from the first block whose later words fail."""
+    from tests.conftest import write_jsonl
+
+    rows = [{"id": "t1", "title": 42}, {"id": "t2", "title": True}] + [
+        {"id": f"w{i}", "title": f"pan number {i}"} for i in range(200)]
+    write_jsonl(tmp_path / "data" / "a.jsonl", rows)
+    spec = _spec("jsonl", tmp_path / "data", "title", columns=["id", "title"], types={}, block_size=1024)
+    raw = pq.read_table(run_read(spec, ArrowStorage(root=str(tmp_path / "store")), "a").path)
+    assert raw.column("title").to_pylist() == ["42", "true"] + [f"pan number {i}" for i in range(200)]
+    assert raw.column("_read_error").null_count == len(rows)

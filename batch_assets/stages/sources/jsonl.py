@@ -41,10 +41,17 @@ def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
                     table = _parse_lines(spec, block, parse_schema, declared, line)
                 if parse_schema is None:
                     missing_columns(spec, table.schema.names)
-                    parse_schema = pa.schema([_parse_field(table.schema.field(c), declared.get(c))
+                    text = set(spec.prepare.template_fields()) | {spec.prepare.text_column}
+                    parse_schema = pa.schema([_parse_field(table.schema.field(c), declared.get(c), c in text)
                                               for c in spec.source.columns])
                 line += block.count(b"\n")
-                for batch in table.select(spec.source.columns).to_batches(max_chunksize=spec.source.batch_rows):
+                table = table.select(spec.source.columns)
+                for i, field in enumerate(parse_schema):  # text columns of the first block as text, as later blocks
+                    found = table.schema.field(i).type
+                    if pa.types.is_string(field.type) and not pa.types.is_string(found) \
+                            and not (pa.types.is_nested(found) or pa.types.is_binary(found)):
+                        table = table.set_column(i, field, table.column(i).cast(pa.string()))
+                for batch in table.to_batches(max_chunksize=spec.source.batch_rows):
                     check_utf8(spec, url, batch)
                     yield batch
         except UnicodeDecodeError:
@@ -61,8 +68,13 @@ def _not_utf8(spec: PipelineSpec, url: str) -> PipelineError:
                          fix="re-encode the file as UTF-8, or set source.encoding in the spec")
 
 
-def _parse_field(found: pa.Field, declared: pa.DataType | None) -> pa.Field:
+def _parse_field(found: pa.Field, declared: pa.DataType | None, text: bool) -> pa.Field:
+    """The type a wanted column is parsed as after the first block: the declared one; else, for a column the model
+    reads as text (text_column, a template field), text, so that `42` in the first lines and `"Pan"` later are both
+    text (a number is kept as its JSON text); else the first block's (no value at all there: text)."""
     kind = declared or found.type
+    if declared is None and text and not (pa.types.is_nested(kind) or pa.types.is_binary(kind)):
+        kind = pa.string()
     return pa.field(found.name, pa.string() if pa.types.is_null(kind) else kind)
 
 
