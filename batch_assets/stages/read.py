@@ -89,7 +89,8 @@ class ReadErrors:
         if self.rows and self.rows / total > limit:
             raise PipelineError(
                 f"{self.rows} of {total} rows hold a value that does not convert to its column's type "
-                f"({self.rows / total:.1%}, more than runtime.max_error_fraction={limit:g}); first: {self.samples[0]}",
+                f"({self.rows / total:.1%}, more than runtime.max_error_fraction={limit:g}); first: "
+                f"{self.samples[0].split('. What to do:')[0]}",
                 pipeline=spec.name, partition=key,
                 fix="correct the values in the source, or declare those columns as string in source.types (or "
                 "drop the declaration), or raise runtime.max_error_fraction to keep such rows as row errors",

@@ -176,14 +176,15 @@ def test_empty_files(tmp_path: Path, embedder) -> None:
 
 
 def test_a_text_column_whose_first_values_are_numbers_is_text(tmp_path: Path) -> None:
-    """JSON lines: `title` is 42 and true in the first lines, words later (in another parse block): all text, as
-    the model reads it, not an int64 column guessed from the first block whose later words fail."""
+    """JSON lines: `title` is a number in every line of the first parse block, words later: all text, as the model
+    reads it, not an int64 column guessed from the first block whose later words fail."""
     from tests.conftest import write_jsonl
 
-    rows = [{"id": "t1", "title": 42}, {"id": "t2", "title": True}] + [
+    rows = [{"id": f"n{i}", "title": i} for i in range(100)] + [{"id": "t", "title": True}] + [
         {"id": f"w{i}", "title": f"pan number {i}"} for i in range(200)]
     write_jsonl(tmp_path / "data" / "a.jsonl", rows)
     spec = _spec("jsonl", tmp_path / "data", "title", columns=["id", "title"], types={}, block_size=1024)
     raw = pq.read_table(run_read(spec, ArrowStorage(root=str(tmp_path / "store")), "a").path)
-    assert raw.column("title").to_pylist() == ["42", "true"] + [f"pan number {i}" for i in range(200)]
+    assert raw.column("title").to_pylist() == [str(i) for i in range(100)] + ["true"] + [
+        f"pan number {i}" for i in range(200)]
     assert raw.column("_read_error").null_count == len(rows)
