@@ -63,7 +63,8 @@ class SourceSpec(_Strict):
         "int64, float64, bool, date32, timestamp[s], ...). A value that does not convert (\"12,99\" in a float64 "
         "column) is a row error naming the file, row and value, kept in the dead letters; the read fails only when "
         "such rows are more than runtime.max_error_fraction of the partition. Undeclared columns keep the reader's "
-        "types (csv: text; parquet: the file's; jsonl: those of the file's first block). Columns not in "
+        "types (csv: text; parquet: the file's; jsonl: text for the columns the model reads as text, else those of "
+        "the file's first block). Columns not in "
         "`columns` are never read, whatever they hold. See docs/reading-data.md.",
     )
     block_size: int = Field(
