@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
+from batch_assets.spec_prepare import ColumnTransform, JoinSpec, TrialSpec, function_problem, join_output_problems
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
@@ -144,10 +145,41 @@ class PrepareSpec(_Strict):
         "step fails before any model call, naming the row.",
     )
 
+    transforms: dict[str, ColumnTransform] = Field(
+        default_factory=dict,
+        description="Per source column: cast, strip_html, normalize, fill_null, required (applied in that order, "
+        "before the template is filled in); see docs/transforms.md.",
+    )
+    join: dict[str, JoinSpec] = Field(
+        default_factory=dict,
+        description="New columns made by joining source columns (missing values skipped), e.g. "
+        "{text: {columns: [title, description], separator: '\\n\\n'}}; text_column and template may name them.",
+    )
+    function: str | None = Field(
+        default=None,
+        description="'package.module:function' called on each Arrow RecordBatch after the transforms and joins; it "
+        "returns a RecordBatch of the same rows in the same order (row_id kept), and may add columns (declare them "
+        "in function_columns) and a string column `_row_error` (non-null: that row is a row error with that reason). "
+        "See docs/transforms.md.",
+    )
+    function_columns: list[str] = Field(
+        default_factory=list, description="Columns prepare.function adds, which text_column / template may name."
+    )
+    trial: TrialSpec | None = Field(
+        default=None,
+        description="A trial run on a few rows: {limit: N} and/or {sample: fraction, seed: S}. The partition is "
+        "marked trial (metadata, lineage, output written under <sink>/_trial) and a later run without trial redoes "
+        "it in full.",
+    )
+
     def template_fields(self) -> list[str]:
         if not self.template:
             return []
         return [field for _, field, _, _ in string.Formatter().parse(self.template) if field]
+
+    def derived_columns(self) -> list[str]:
+        """Columns the prepare stage makes (joins, the user function), which text_column and template may name."""
+        return [*self.join, *self.function_columns]
 
 
 class GenerationParamsSpec(_Strict):
@@ -530,7 +562,11 @@ class PipelineSpec(_Strict):
             if _arrow_type_problem(alias):
                 problems.append((f"source.types.{column}", _arrow_type_problem(alias)))
         need_column("prepare.id_column", prep.id_column)
-        need_column("prepare.text_column", prep.text_column)
+        problems += _prepare_problems(self, columns, known)
+        columns_prepared = columns | set(prep.derived_columns())
+        if prep.text_column is not None and prep.text_column not in columns_prepared:
+            problems.append(("prepare.text_column", f"column {prep.text_column!r} is not in source.columns ({known})"
+                             + (f" nor made by prepare.join / function_columns" if prep.derived_columns() else "")))
         need_column("partitioning.time_column", self.partitioning.time_column)
         for col in prep.input_columns or []:
             need_column("prepare.input_columns", col)
@@ -539,8 +575,9 @@ class PipelineSpec(_Strict):
         for field in prep.template_fields():
             if not field.isidentifier():
                 problems.append(("prepare.template", f"field {{{field}}} must be a plain column name"))
-            elif field not in columns:
-                problems.append(("prepare.template", f"unknown column {{{field}}}; source.columns are: {known}"))
+            elif field not in columns_prepared:
+                made = f"; made in prepare: {', '.join(prep.derived_columns())}" if prep.derived_columns() else ""
+                problems.append(("prepare.template", f"unknown column {{{field}}}; source.columns are: {known}{made}"))
 
         kind = TASKS[task.kind]
         problems += kind.spec_problems(self)  # what the task kind needs from the rest of the spec
@@ -615,6 +652,7 @@ class PipelineSpec(_Strict):
         uses = {
             "prepare.template": label in prep.template_fields(),
             "prepare.text_column": prep.text_column == label,
+            "prepare.join": any(label in join.columns for join in prep.join.values()),
             "prepare.input_columns": label in (prep.input_columns or []),
             "prepare.image_columns": label in prep.image_columns,
         }
@@ -651,6 +689,28 @@ def _arrow_type_problem(alias: str) -> str | None:
     except ValueError:
         return f"unknown Arrow type {alias!r} (e.g. string, int64, float64, bool, date32, timestamp[s])"
     return None
+
+
+def _prepare_problems(spec: "PipelineSpec", columns: set[str], known: str) -> list[tuple[str, str]]:
+    """The transforms, joins and function hook (batch_assets/spec_prepare.py) against the source's columns."""
+    prep = spec.prepare
+    problems = [(f"prepare.transforms.{name}", f"column {name!r} is not in source.columns ({known})")
+                for name in prep.transforms if name not in columns]
+    problems += join_output_problems(prep.join, columns)
+    made = prep.derived_columns()
+    taken = sorted({c for c in made if c in RESERVED_COLUMNS or c.startswith("_")})
+    if taken:
+        problems.append(("prepare.join", f"{taken} are reserved names (or start with '_'): choose others"))
+    if len(set(made)) != len(made) or set(prep.function_columns) & columns:
+        problems.append(("prepare.function_columns", "a column the function adds may not repeat a source or "
+                         "joined column: name it anew"))
+    if prep.function_columns and not prep.function:
+        problems.append(("prepare.function_columns", "names the columns prepare.function adds: set function"))
+    if prep.function is not None:
+        problem = function_problem(prep.function)
+        if problem is not None:
+            problems.append(("prepare.function", problem))
+    return problems
 
 
 def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:

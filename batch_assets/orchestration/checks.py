@@ -21,6 +21,7 @@ from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.read import read_partition
 from batch_assets.stages.report import PartitionReport, error_fraction
+from batch_assets.stages.trial import trial_fingerprint
 from batch_assets.storage import parquet_schema, read_batches
 from batch_assets.tasks import ERROR_COLUMN, task_type
 
@@ -50,8 +51,10 @@ def file_digest(url: str) -> RowIdFingerprint:
 
 
 def rows_problem(spec: PipelineSpec, key: str, url: str) -> tuple[str | None, dict[str, Any]]:
-    src, out = source_digest(spec, key), file_digest(url)
-    facts = {"source_rows": src.count, "inferred_rows": out.count}
+    trial = trial_fingerprint(url) if spec.prepare.trial else None
+    # A trial (stages/trial.py) is checked against the rows it kept, and says so
+    src, out = (trial if trial is not None else source_digest(spec, key)), file_digest(url)
+    facts = {"source_rows": src.count, "inferred_rows": out.count, **({"trial": True} if trial is not None else {})}
     if src == out:
         return None, facts
     if src.count != out.count:

@@ -398,6 +398,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 delta["cache_misses"] = provider.misses - cache_before[1]
             progress.finish(delta.get("rows_with_errors"))
             report.extra.update(infer_partition_metadata(spec, describe, device, delta))
+            if spec.prepare.trial:  # a trial's rows only (stages/trial.py): never the partition's full output
+                report.extra["trial"] = True
             if stats.error_samples:
                 report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
             if report.extra.get("labels_never_predicted"):

@@ -26,7 +26,9 @@ the same partition waiting at the lock sees the first one's record and skips.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +38,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.partitions import partitions_def_for, resolve_partition
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
+from resources.custom.loading import import_object
 
 # What each stage's output depends on in the spec, its own sections and every upstream stage's: a changed prompt
 # makes `prepared`, `inferred` and `output` stale (Dagster marks an asset stale for its own code version only, so
@@ -62,8 +65,24 @@ def stage_code_version(spec: PipelineSpec, stage: str) -> str:
         name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())}
         for name in STAGE_SECTIONS[stage]
     }
+    if spec.prepare.function and "prepare" in sections:
+        sections["prepare_function_source"] = function_source_digest(spec.prepare.function)
     digest = hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode("utf-8")).hexdigest()
     return f"{stage}-{digest[:12]}"
+
+
+def function_source_digest(path: str) -> str:
+    """A digest of the source file of `prepare.function`'s module: an edited function makes `prepared` and every
+    later stage stale, as an edited spec does (a module without a readable source: its import path alone)."""
+    module = sys.modules.get(path.partition(":")[0])
+    if module is None:
+        import_object(path, "prepare.function")
+        module = sys.modules.get(path.partition(":")[0])
+    try:
+        source = inspect.getsource(module) if module is not None else path
+    except (OSError, TypeError):
+        source = path
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
 
 
 def file_modified(info: dict[str, Any]) -> float:

@@ -37,6 +37,7 @@ from batch_assets.spec import PipelineSpec
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
 from batch_assets.stages.report import PartitionReport
+from batch_assets.stages.trial import trial_footer
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
 from resources.errors import ProviderSetupError
@@ -289,6 +290,7 @@ def _assemble(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, chunk
             table = pa.Table.from_arrays([*batch.columns, *columns], schema=schema)
             writer.write(table)
             _count(task, table, stats)
+        writer.key_value_metadata.update(trial_footer(src))  # a trial's kept ids, for the rows check (stages/trial.py)
 
 
 def _output_schema(declared: dict[str, pa.DataType | None], chunk_schemas: list[pa.Schema],

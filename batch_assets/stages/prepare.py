@@ -1,40 +1,58 @@
-"""Preparation: render each row's model input and flag empty inputs. (Row ids are proven unique by the read stage,
-or made so by the spec's `prepare.duplicate_ids` policy, which the read stage applies: stages/read.py
-`resolve_duplicates`, 8 bytes a row, see batch_assets.reliability.row_ids.)
+"""Preparation: the spec's column transforms, joins and user function, then each row's model input, with rows that
+cannot be an input flagged. (Row ids are proven unique by the read stage, or made so by the spec's
+`prepare.duplicate_ids` policy, which the read stage applies: stages/read.py `resolve_duplicates`, 8 bytes a row,
+see batch_assets.reliability.row_ids.)
 
-Empty inputs are flagged (`input_empty`, `input_problem`), never dropped: the infer stage skips them and records
-a row error, so every input row id still appears exactly once in the output.
+A row is flagged (`_input_empty`, with the reason in `_input_problem`), never dropped: its input is empty, a value
+did not cast, a required column is missing, or the user function gave a reason. The infer stage skips flagged rows
+and records the reason as the row's error, so every input row id still appears exactly once in the output and a
+flagged row lands in the dead letters. The column work itself is in stages/transforms.py; a trial run's row
+selection in stages/trial.py.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
-from batch_assets.storage import ArrowStorage, parquet_schema, read_batches, upstream_url, write_parquet
+from batch_assets.stages.transforms import (
+    UserFunction,
+    apply_joins,
+    apply_transforms,
+    as_text,
+    join_present,
+    missing,
+    render_template,
+)
+from batch_assets.stages.trial import TrialSelection
+from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import task_type
+
+EMPTY = "empty input"  # the prefix of an empty input's reason (the other reasons are the transforms' and function's)
+_NO_REASON = pa.scalar(None, pa.string())
 
 
 def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The prepare stage for one partition: `raw` rows in (ids already proven unique by the read stage), `prepared`
     rows (with model inputs) out."""
-    import time
-
     start = time.perf_counter()
     src = upstream_url(storage, spec.name, "raw", key)
     url = storage.stage_url(spec.name, "prepared", key)
-    flagged = 0
+    counts = {"empty_inputs": 0, "rows_flagged": 0}
     raw_rows = [0]
+    trial = TrialSelection(spec.prepare.trial) if spec.prepare.trial else None
 
     def raw_batches() -> Iterator[pa.RecordBatch]:
         seen = False
-        for batch in read_batches(src, batch_rows=spec.source.batch_rows):
+        batches = read_batches(src, batch_rows=spec.source.batch_rows)
+        for batch in trial(batches) if trial else batches:
             raw_rows[0] += batch.num_rows
             seen = True
             yield batch
@@ -42,83 +60,91 @@ def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> Partitio
             yield pa.RecordBatch.from_pylist([], schema=parquet_schema(src))
 
     with write_parquet(url) as writer:
-        for batch in prepare_batches(spec, raw_batches()):
-            flagged += sum(batch.column("_input_empty").to_pylist())
+        for batch in prepare_batches(spec, raw_batches(), key=key):
+            problems = batch.column("_input_problem")
+            counts["rows_flagged"] += len(problems) - problems.null_count
+            counts["empty_inputs"] += pc.sum(pc.fill_null(pc.starts_with(problems, EMPTY), False)).as_py() or 0
             writer.write(batch)
-    # A flagged row (empty input) is a row error downstream: it is never sent to the model.
-    return PartitionReport(key, raw_rows[0], writer.rows, time.perf_counter() - start, url, {"empty_inputs": flagged},
-                           rows_with_errors=flagged)
+        extra: dict = {"empty_inputs": counts["empty_inputs"],
+                       "transform_row_errors": counts["rows_flagged"] - counts["empty_inputs"]}
+        if trial is not None:
+            in_partition = parquet_rows(src)
+            writer.key_value_metadata.update(trial.footer(in_partition))
+            extra.update({"trial": True, "trial_rows_kept": writer.rows, "trial_rows_in_partition": in_partition})
+    # A flagged row is a row error downstream: it is never sent to the model.
+    return PartitionReport(key, parquet_rows(src) if trial else raw_rows[0], writer.rows, time.perf_counter() - start,
+                           url, extra, rows_with_errors=counts["rows_flagged"])
 
 
-def _blank(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
+def _empty_reason(fields: list[str], missing_by_field: list[pa.Array], when: pa.Array) -> pa.Array:
+    """'empty input: column 'a', 'b' is empty' where `when`, naming the fields missing in that row; else null."""
+    named = [pc.if_else(m, pa.scalar(repr(f)), _NO_REASON) for f, m in zip(fields, missing_by_field)]
+    names = pc.fill_null(join_present(named, ", "), "")
+    count = pc.cast(missing_by_field[0], pa.int32())
+    for m in missing_by_field[1:]:
+        count = pc.add(count, pc.cast(m, pa.int32()))
+    several = pc.greater(count, 1)
+    verb = pc.if_else(several, pa.scalar("s "), pa.scalar(" "))
+    tail = pc.if_else(several, pa.scalar(" are empty"), pa.scalar(" is empty"))
+    text = pc.binary_join_element_wise(f"{EMPTY}: column", verb, names, tail, "")
+    return pc.if_else(when, text, _NO_REASON)
 
 
-def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch],
-                    ids: UniqueIdChecker | None = None) -> Iterator[pa.RecordBatch]:
+def _any(flags: list[pa.Array], n: int) -> pa.Array:
+    out = pa.array([False] * n, pa.bool_())
+    for flag in flags:
+        out = pc.or_(out, flag)
+    return out
+
+
+def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: UniqueIdChecker | None = None,
+                    key: str | None = None) -> Iterator[pa.RecordBatch]:
     """Prepared batches; each batch's row ids go to `ids`, whose caller checks them once the stream ends."""
     prep, reads = spec.prepare, task_type(spec).reads  # prompt | text | columns | image (batch_assets/tasks)
+    function = UserFunction(spec, key or "?") if prep.function else None
+    optional = {name for name, rule in prep.transforms.items() if rule.required is False}
     for batch in batches:
         if ids is not None:
             ids.add(batch)
         n = batch.num_rows
-        problems: list[str | None] = [None] * n
-        extra_names: list[str] = []
-        extra_arrays: list[pa.Array] = []
-        if reads == "prompt":
-            fields = prep.template_fields()
-            cols = {f: batch.column(f).to_pylist() for f in fields}
-            prompts: list[str | None] = []
-            for i in range(n):
-                empty = [f for f in fields if _blank(cols[f][i])]
-                if empty:
-                    problems[i] = f"empty input: column {', '.join(map(repr, empty))} is empty"
-                    prompts.append(None)
-                else:
-                    prompts.append(prep.template.format_map({f: cols[f][i] for f in fields}))  # type: ignore[union-attr]
-            extra_names.append("_prompt")
-            extra_arrays.append(pa.array(prompts, pa.string()))
-        elif reads == "text" and prep.template:
-            # A text made of several columns (subject + body): a blank field renders as empty text; the row is
-            # empty only when every field is (a ticket with a subject and no body still has something to classify).
-            fields = prep.template_fields()
-            cols = {f: batch.column(f).to_pylist() for f in fields}
-            texts = []
-            for i in range(n):
-                if all(_blank(cols[f][i]) for f in fields):
-                    problems[i] = f"empty input: column{'s' if len(fields) > 1 else ''} " \
-                                  f"{', '.join(map(repr, fields))} {'are' if len(fields) > 1 else 'is'} empty"
-                    texts.append(None)
-                else:
-                    texts.append(prep.template.format_map(
-                        {f: "" if _blank(cols[f][i]) else str(cols[f][i]) for f in fields}).strip())
-            extra_names.append("_text")
-            extra_arrays.append(pa.array(texts, pa.string()))
-        elif reads == "text":
-            texts = batch.column(prep.text_column).to_pylist()  # type: ignore[arg-type]
-            clean = []
-            for i, t in enumerate(texts):
-                if _blank(t):
-                    problems[i] = f"empty input: column {prep.text_column!r} is empty"
-                    clean.append(None)
-                else:
-                    clean.append(str(t))
-            extra_names.append("_text")
-            extra_arrays.append(pa.array(clean, pa.string()))
+        problems = pa.nulls(n, pa.string())
+        batch, problems = apply_transforms(prep, batch, problems)
+        batch = apply_joins(prep, batch)
+        if function is not None:
+            batch, problems = function(batch, problems)
+        extra: dict[str, pa.Array] = {}
+        if reads in ("prompt", "text") and (prep.template or prep.text_column):
+            fields = prep.template_fields() if prep.template else [prep.text_column]
+            gone = [missing(as_text(batch.column(f))) for f in fields]
+            if reads == "prompt":  # a prompt needs every field the spec does not mark optional (required: false)
+                needed = [(f, m) for f, m in zip(fields, gone) if f not in optional]
+                empty = _any([m for _, m in needed], n)
+                reason = _empty_reason([f for f, _ in needed], [m for _, m in needed], empty) if needed else \
+                    pa.nulls(n, pa.string())
+            else:  # a text of several columns is empty only when every one is (a subject without body still counts)
+                empty = pc.invert(_any([pc.invert(m) for m in gone], n))
+                reason = _empty_reason(fields, gone, empty)
+            if prep.template:
+                rendered = render_template(prep.template, batch)
+                if reads == "text":
+                    rendered = pc.utf8_trim_whitespace(rendered)
+            else:
+                rendered = as_text(batch.column(prep.text_column))
+            problems = pc.coalesce(problems, reason)
+            extra["_prompt" if reads == "prompt" else "_text"] = pc.if_else(pc.is_null(problems), rendered, _NO_REASON)
         elif reads == "image":
             refs = batch.column(prep.image_columns[0]).to_pylist()
-            for i, ref in enumerate(refs):
-                if ref is None or (isinstance(ref, (str, bytes)) and not ref):
-                    problems[i] = f"empty input: column {prep.image_columns[0]!r} is empty"
+            reasons = [f"{EMPTY}: column {prep.image_columns[0]!r} is empty"
+                       if ref is None or (isinstance(ref, (str, bytes)) and not ref) else None for ref in refs]
+            problems = pc.coalesce(problems, pa.array(reasons, pa.string()))
         if prep.image_columns and reads == "prompt":
             images, image_problems = prepare_images(spec, batch)
-            problems = [p or q for p, q in zip(problems, image_problems)]
-            extra_names.append("_images")
-            extra_arrays.append(images)
+            problems = pc.coalesce(problems, pa.array(image_problems, pa.string()))
+            extra["_images"] = images
         if "_read_error" in batch.schema.names:  # a value that did not convert at read (stages/sources/types.py)
-            problems = [r or p for r, p in zip(batch.column("_read_error").to_pylist(), problems)]
-        flags = pa.array([p is not None for p in problems], pa.bool_())
+            problems = pc.coalesce(batch.column("_read_error"), problems)
+        flags = pc.is_valid(problems)
         yield pa.RecordBatch.from_arrays(
-            [*batch.columns, *extra_arrays, flags, pa.array(problems, pa.string())],
-            names=[*batch.schema.names, *extra_names, "_input_empty", "_input_problem"],
+            [*batch.columns, *extra.values(), flags, problems],
+            names=[*batch.schema.names, *extra, "_input_empty", "_input_problem"],
         )

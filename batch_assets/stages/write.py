@@ -16,6 +16,7 @@ from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, 
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport, markdown_preview
 from batch_assets.stages.sinks import sink_for
+from batch_assets.stages.trial import trial_fingerprint, trial_url
 from batch_assets.storage import (
     ArrowStorage,
     parquet_footer_metadata,
@@ -39,12 +40,15 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
         raise PipelineError(f"sink columns {missing} are not produced; available: {schema.names}",
                             column=missing[0], fix="fix sink.columns in the spec")
     out_schema = pa.schema([schema.field(c) for c in columns])
-    expected = source_fingerprint(raw_url)
+    trial = trial_fingerprint(src) if spec.prepare.trial else None
+    expected = trial if trial is not None else source_fingerprint(raw_url)  # a trial: the rows it kept
     published = RowIdFingerprint()  # O(1) memory, whatever the partition size
     head: list[pa.RecordBatch] = []
     counts = {"rows_in": 0, "errors": 0, "model_errors": 0}
     url = sink_url(spec, storage, key)
     dl_url = dead_letter_url(storage, spec.name, key)
+    if spec.prepare.trial:  # never over the partition's full output (stages/trial.py)
+        url, dl_url = trial_url(url), trial_url(dl_url)
 
     keeps_failed = getattr(sink_for(spec.sink.format), "keeps_failed_rows", True)
     with DeadLetterWriter(spec, dl_url) as dead:
@@ -68,13 +72,15 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
                     head.append(out.slice(0, 5))
                 yield out
             # still inside the atomic write: a mismatch aborts it and nothing is committed
-            verify_exactly_once(spec, key, expected, published, raw_url, src)
+            verify_exactly_once(spec, key, expected, published, src if trial is not None else raw_url, src)
 
         rows = write_sink(spec, url, batches(), out_schema)
     remove_partition_checkpoints(storage, spec.name, key)  # published: a rerun must not resume from stale chunks
     # An empty partition (a quiet day, a hash shard no row hashes to) is published all the same: a file with the
     # sink's typed columns and no rows, so readers of every partition see one schema.
     empty = {"empty_partition": True} if expected.count == 0 else {}
+    if trial is not None:
+        empty["trial"] = True
     return PartitionReport(key, counts["rows_in"], rows, time.perf_counter() - start, url,
                            {"rows_in_source": expected.count, "dead_letters": dead.rows,
                             "model_errors": counts["model_errors"], **empty,

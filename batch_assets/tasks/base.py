@@ -62,6 +62,8 @@ class Task:
     extra_outputs: ClassVar[tuple[str, ...]] = ()  # written besides the output column (spec clash check)
     structured: ClassVar[bool] = False  # may take task.structured
     output_types: ClassVar[bool] = False  # may take task.output_types
+    # The task-specific prepare fields this kind reads; a spec setting another one is refused (it would be ignored)
+    prepare_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: Spec, provider: Any, params: GenerationParams | None = None,
                  limit: TokenLimit | None = None):
@@ -82,6 +84,25 @@ class Task:
             problems.append(("task.structured", "structured output applies to task 'generate' only"))
         if spec.task.output_types is not None and not cls.output_types:
             problems.append(("task.output_types", "output_types applies to task 'predict' only"))
+        return problems + cls._ignored_fields(spec)
+
+    @classmethod
+    def _ignored_fields(cls, spec: Spec) -> Problems:
+        """A prepare field set to something other than its default that this kind would not read is refused: a
+        setting silently ignored is a bug the user only finds in the output."""
+        prep, problems = spec.prepare, []
+        defaults = type(prep).model_fields
+        for name in sorted(TASK_PREPARE_FIELDS - cls.prepare_fields):
+            if name in prep.model_fields_set and getattr(prep, name) != defaults[name].get_default(call_default_factory=True):
+                own = ", ".join(sorted(cls.prepare_fields)) or "none of them"
+                problems.append((f"prepare.{name}", f"task {cls.kind!r} does not use it, so it would be ignored "
+                                 f"(its task-specific prepare fields: {own}): remove it"))
+        dependent = {"too_long": "max_input_tokens", "image_max_side": "image_columns", "duplicate_ids": "id_column"}
+        for name, needs in dependent.items():
+            if name in prep.model_fields_set and getattr(prep, needs) in (None, []) \
+                    and getattr(prep, name) != defaults[name].get_default():
+                problems.append((f"prepare.{name}", f"applies only with prepare.{needs}, which is not set: remove it "
+                                 f"or set {needs}"))
         return problems
 
     @classmethod
@@ -186,6 +207,12 @@ class Task:
 
     def _schema(self) -> dict[str, pa.DataType | None]:
         raise NotImplementedError
+
+
+# The prepare fields that only some task kinds read (each kind lists its own in `prepare_fields`). max_input_tokens
+# has its own message above.
+TASK_PREPARE_FIELDS = frozenset({"template", "system", "text_column", "input_columns", "image_columns",
+                                 "image_max_side"})
 
 
 def _length(values: Any) -> int:

@@ -23,6 +23,7 @@ class GenerateTask(TextInput):
     default_output = "generated_text"
     reads = "prompt"
     text_column = "_prompt"
+    prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side"})
     counts_tokens = True
     extra_outputs = ("prompt_tokens", "completion_tokens")
     structured = True

@@ -17,6 +17,7 @@ class ImageInput(Task):
     """The model reads the decoded images; a row whose image cannot be read gets that as its error."""
 
     reads = "image"
+    prepare_fields = frozenset({"image_columns", "image_max_side"})
 
     @classmethod
     def spec_problems(cls, spec: Spec) -> Problems:

@@ -16,6 +16,7 @@ class PredictTask(Task):
     kind = "predict"
     default_output = "prediction"
     reads = "columns"
+    prepare_fields = frozenset({"input_columns"})
     output_types = True
 
     @classmethod

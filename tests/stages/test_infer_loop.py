@@ -90,13 +90,13 @@ def _task_spec(tmp_path: Path, kind: str):
     changes = {
         "embed": {},
         "classify": {"task": {"kind": "classify", "labels": ["x", "y"]}, "model": {"provider": "zero_shot", "config": {}}},
-        "generate": {"prepare": {"id_column": "doc_id", "template": "Say {text}"}, "task": {"kind": "generate"},
+        "generate": {"prepare": {"id_column": "doc_id", "text_column": None, "template": "Say {text}"}, "task": {"kind": "generate"},
                      "model": {"provider": "openai", "config": {"model": "m"}}},
-        "predict": {"task": {"kind": "predict"},
+        "predict": {"task": {"kind": "predict"}, "prepare": {"text_column": None},
                     "model": {"provider": "custom", "config": {"class_path": "x:Y"}}},
-        "embed_image": {"prepare": {"id_column": "doc_id", "image_columns": ["text"]}, "task": {"kind": "embed_image"},
+        "embed_image": {"prepare": {"id_column": "doc_id", "text_column": None, "image_columns": ["text"]}, "task": {"kind": "embed_image"},
                         "model": {"provider": "image", "config": {}}},
-        "classify_image": {"prepare": {"id_column": "doc_id", "image_columns": ["text"]},
+        "classify_image": {"prepare": {"id_column": "doc_id", "text_column": None, "image_columns": ["text"]},
                            "task": {"kind": "classify_image", "labels": ["x", "y"]},
                            "model": {"provider": "image", "config": {}}},
     }[kind]
@@ -189,7 +189,7 @@ def test_reserved_column_names_are_refused_at_spec_load(tmp_path: Path) -> None:
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             make_spec(EMBED_SPEC, tmp_path, **changes)
     with pytest.raises(SpecError, match="unknown Arrow type"):
-        make_spec(EMBED_SPEC, tmp_path, task={"kind": "predict", "output_types": {"p": "integer!"}},
+        make_spec(EMBED_SPEC, tmp_path, task={"kind": "predict", "output_types": {"p": "integer!"}}, prepare={"text_column": None},
                   model={"provider": "custom", "config": {"class_path": "x:Y"}})
 
 
@@ -241,6 +241,7 @@ def test_output_schema_check_blocks_publish_when_types_differ_from_declared(tmp_
     data = tmp_path / "data"
     write_jsonl(data / "a.jsonl", docs_rows("a", 8))
     spec = make_spec(EMBED_SPEC, data, task={"kind": "predict", "output_types": {"prediction": "int64"}},
+                     prepare={"text_column": None},
                      model={"provider": "custom", "config": {"class_path": f"{user_module}:FailsSome",
                                                              "init_kwargs": {"as_text": True}}})
     result = _run(spec, tmp_path / "store")
@@ -249,6 +250,7 @@ def test_output_schema_check_blocks_publish_when_types_differ_from_declared(tmp_
     assert not (tmp_path / "store" / "docs" / "output" / "a.parquet").exists()
 
     ok = make_spec(EMBED_SPEC, data, task={"kind": "predict", "output_types": {"prediction": "int64"}},
+                   prepare={"text_column": None},
                    model={"provider": "custom", "config": {"class_path": f"{user_module}:FailsSome"}})
     result = _run(ok, tmp_path / "store2")
     assert result.success and _checks(result)["output_schema"] is True
@@ -280,6 +282,7 @@ def test_schema_is_fixed_across_chunks_when_the_first_is_all_null(tmp_path: Path
     rows = [{"doc_id": f"a{i}", "text": "t"} for i in (1, 2, 11, 12, 3, 4, 5)]  # first chunk: ids ending in 1/2 -> None
     write_jsonl(data / "a.jsonl", rows)
     spec = make_spec(EMBED_SPEC, data, task={"kind": "predict"}, runtime={"chunk_rows": 4, "max_error_fraction": 1},
+                     prepare={"text_column": None},
                      model={"provider": "custom", "config": {"class_path": f"{user_module}:FailsSome"}})
     result = _run(spec, tmp_path / "store")
     assert result.success, _checks(result)
