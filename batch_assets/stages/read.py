@@ -345,7 +345,8 @@ def _text_columns(spec: PipelineSpec) -> list[str]:
     """Columns whose values become text: the row id, the text column, the prompt template's fields."""
     prep = spec.prepare
     cols = [prep.id_column, prep.text_column, *prep.template_fields()]
-    return [c for c in dict.fromkeys(cols) if c]
+    made = set(prep.derived_columns())  # joined / function columns: made by the prepare stage, not read
+    return [c for c in dict.fromkeys(cols) if c and c not in made]
 
 
 def _check_text_types(spec: PipelineSpec, schema: pa.Schema, batch: pa.RecordBatch, first_row: int) -> None:

@@ -41,7 +41,7 @@ def missing(array: pa.Array) -> pa.Array:
 
 
 def html_to_text(array: pa.Array) -> pa.Array:
-    """Plain text of each value: only values that hold markup ('<' or '&') are parsed."""
+    """Plain text of each value, its ends trimmed; only values that hold markup ("<" or "&") are parsed."""
     from selectolax.lexbor import LexborHTMLParser  # the HTML parser: imported only by specs that strip HTML
 
     text = as_text(array)
@@ -61,7 +61,7 @@ def html_to_text(array: pa.Array) -> pa.Array:
             node.decompose()
         root = tree.body or tree.root
         out.append(root.text(separator="") if root is not None else "")
-    return pa.array(out, pa.string())
+    return pc.utf8_trim_whitespace(pa.array(out, pa.string()))  # the line breaks put before the first/after the last block
 
 
 def normalize_text(array: pa.Array) -> pa.Array:

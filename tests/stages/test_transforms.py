@@ -304,3 +304,22 @@ def test_catalog_trial_is_marked_kept_apart_and_redone_in_full_by_the_next_run(c
     assert "skipped" not in full_md and full_md["rows_out"] == 20
     assert pq.read_table(full_url).num_rows == 20
     assert stage_code_version(trial_spec, "output") != stage_code_version(spec, "output")
+
+
+def test_a_joined_text_column_goes_through_the_read_and_prepare_stages(tmp_path: Path) -> None:
+    from batch_assets.stages.prepare import run_prepare
+    from batch_assets.stages.read import run_read
+
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"doc_id": "1", "title": "T", "body": "<p>b</p>"},
+                                                 {"doc_id": "2", "title": None, "body": None}])
+    raw = json.loads(json.dumps(EMBED_SPEC))
+    raw["source"].update(path=str(tmp_path / "data" / "{partition}.jsonl"), columns=["doc_id", "title", "body"])
+    raw["prepare"] = {"id_column": "doc_id", "text_column": "both", "transforms": {"body": {"strip_html": True}},
+                      "join": {"both": {"columns": ["title", "body"], "separator": ". "}}}
+    spec, storage = parse_spec(raw), ArrowStorage(root=str(tmp_path / "store"))
+    run_read(spec, storage, "a")
+    report = run_prepare(spec, storage, "a")
+    rows = pq.read_table(storage.stage_url(spec.name, "prepared", "a")).to_pylist()
+    assert [r["_text"] for r in rows] == ["T. b", None]
+    assert rows[1]["_input_problem"] == "empty input: column 'both' is empty"
+    assert report.extra["empty_inputs"] == 1 and report.rows_with_errors == 1
