@@ -139,6 +139,7 @@ class UserFunction:
     def __init__(self, spec: Any, key: str):
         self.spec, self.key, self.path = spec, key, spec.prepare.function
         self.fn: Callable[[pa.RecordBatch], Any] = import_object(self.path, "prepare.function")
+        self.schema: pa.Schema | None = None  # of the first batch returned: every later one must cast to it
 
     def _error(self, what: str, batch: pa.RecordBatch, fix: str) -> PipelineError:
         ids = batch.column("row_id")
@@ -178,6 +179,15 @@ class UserFunction:
                                  pc.binary_join_element_wise(f"prepare.function {self.path}: ", reasons, ""))
             problems = pc.coalesce(problems, reasons)
             out = out.drop_columns([ROW_ERROR_COLUMN])
+        if self.schema is None:
+            self.schema = out.schema
+        elif out.schema != self.schema:
+            try:
+                out = out.select(self.schema.names).cast(self.schema)
+            except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise self._error(f"returned columns or types that differ from its first batch's ({exc})", batch,
+                                  "return the same columns with the same types for every batch (cast explicitly, "
+                                  "e.g. pa.array(values, pa.float64()), so an all-null batch keeps its type)") from None
         return out, problems
 
 

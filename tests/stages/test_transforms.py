@@ -323,3 +323,16 @@ def test_a_joined_text_column_goes_through_the_read_and_prepare_stages(tmp_path:
     assert [r["_text"] for r in rows] == ["T. b", None]
     assert rows[1]["_input_problem"] == "empty input: column 'both' is empty"
     assert report.extra["empty_inputs"] == 1 and report.rows_with_errors == 1
+
+
+def test_a_function_whose_columns_change_type_between_batches_fails_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _hook_module(tmp_path, monkeypatch, (
+        "def fn(batch):\n"
+        "    first = batch.column('doc_id')[0].as_py() == 'a'\n"
+        "    extra = pa.array([1.5] * batch.num_rows) if first else pa.array([[1]] * batch.num_rows)\n"
+        "    return batch.append_column('extra', extra)\n"))
+    spec = spec_of(EMBED_SPEC, function=path, function_columns=["extra"])
+    batches = [pa.RecordBatch.from_pylist([{"row_id": r, "doc_id": r, "text": "t"}]) for r in ("a", "b")]
+    with pytest.raises(PipelineError, match="returned columns or types that differ from its first batch's"):
+        list(prepare_batches(spec, iter(batches), key="p"))
