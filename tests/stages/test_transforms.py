@@ -217,7 +217,7 @@ def catalog_rows() -> list[dict]:
         {"sku": "lamp", "title": "Lamp", "price": "40", "description": "<p> </p>"},
         {"sku": "vase", "title": "Vase", "price": "about 3", "description": "A tall vase"},
         {"sku": "big", "title": "Encyclopedia", "price": "99",
-         "description": "<div>" + "<p>Volume one of many, with <b>bold</b> claims.</p>" * 16_000 + "</div>"},
+         "description": "<div>" + "<p>Volume one of many, with <b>bold</b> claims.</p>" * 40_000 + "</div>"},
     ]
     rows += [{"sku": f"cup-{i}", "title": f"Cup {i}", "price": f"{i},00", "description": f"<p>Cup number {i}</p>"}
              for i in range(12)]
