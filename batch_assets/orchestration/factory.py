@@ -219,6 +219,9 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     }
     if "batch_size" in describe:
         md["batch_size"] = int(describe["batch_size"])
+    for name in ("backend", "backend_reason"):  # what ran a local model (torch, onnx, openvino, ...) and why
+        if name in describe:
+            md[name] = str(describe[name])
     if task_type(spec).counts_tokens:
         md["tokens_in"] = delta.get("prompt_tokens", 0)
         md["tokens_out"] = delta.get("completion_tokens", 0)

@@ -106,6 +106,8 @@ def fingerprint(spec: PipelineSpec, provider: Any) -> str:
         "provider": spec.model.provider,
         "provider_class": f"{type(provider).__module__}.{type(provider).__qualname__}",
         "model_config": _mask_secrets(spec.model.config),
+        # the runtime `backend: auto` resolved to (torch, onnx, openvino): chunks of two runtimes are never mixed
+        "backend": getattr(provider, "backend_used", None),
         "task": spec.task.model_dump(mode="json"),
         "prepare": spec.prepare.model_dump(mode="json"),
         "chunk_rows": spec.runtime.chunk_rows,

@@ -30,6 +30,11 @@ class ZeroShotEmbeddingClassifier(ModelResource):
         "available offline.",
     )
     device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    backend: Literal["auto", "torch", "onnx", "openvino"] = Field(
+        default="auto",
+        description="What runs the model on the CPU, as for the sentence_transformers provider: 'auto' picks the "
+        "fastest runtime whose vectors match torch's; 'torch', 'onnx', 'openvino' pin one.",
+    )
     batch_size: int = Field(default=32, ge=1, description="Texts per forward pass (encode sorts each call by length).")
     cpu_workers: int = Field(
         default=1, ge=1, description="On CPU, chunks classified at once by the one model (see sentence_transformers).",
@@ -56,6 +61,7 @@ class ZeroShotEmbeddingClassifier(ModelResource):
     )
 
     _label_vectors: dict[tuple[str, ...], np.ndarray] = PrivateAttr(default_factory=dict)
+    _backend: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("hypothesis_template")
     @classmethod
@@ -66,8 +72,11 @@ class ZeroShotEmbeddingClassifier(ModelResource):
 
     def load(self) -> Any:
         self._label_vectors = {}
-        return SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size,
-                                           cpu_workers=self.cpu_workers).load()
+        embedder = SentenceTransformerEmbedder(model=self.model, device=self.device, batch_size=self.batch_size,
+                                               cpu_workers=self.cpu_workers, backend=self.backend)
+        model = embedder.load()
+        self._backend = embedder.describe()
+        return model
 
     def chunks_in_flight(self, chunk_rows: int) -> int:
         return cpu_encode_workers(self.loaded, self.cpu_workers)
@@ -81,6 +90,7 @@ class ZeroShotEmbeddingClassifier(ModelResource):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(score=self.score, hypothesis_template=self.hypothesis_template)
+        out.update({k: v for k, v in self._backend.items() if k in ("backend", "backend_reason")})
         return out
 
     def label_sentences(self, labels: Sequence[str]) -> list[str]:

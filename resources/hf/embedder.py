@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import dagster as dg
@@ -33,6 +34,13 @@ class SentenceTransformerEmbedder(ModelResource):
         description=f"'{MINILM}' (shipped in that pip package), a local folder, or a Hub id available offline.",
     )
     device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    backend: Literal["auto", "torch", "onnx", "openvino"] = Field(
+        default="auto",
+        description="What runs the model on the CPU. 'auto': the fastest runtime whose vectors match torch's "
+        "(min cosine >= 0.9999; OpenVINO, then onnxruntime, then torch), the model exported to ONNX once and cached "
+        "next to it (docs/providers-local-cpu.md). 'onnx' / 'openvino' pin one (the load fails if it is not "
+        "faithful); 'torch' runs sentence-transformers itself. On a GPU, torch.",
+    )
     batch_size: int = Field(
         default=32,
         description="Rows per forward pass. encode() sorts each call by length, so feed it hundreds of rows per "
@@ -55,6 +63,7 @@ class SentenceTransformerEmbedder(ModelResource):
     )
 
     _pool: Any = PrivateAttr(default=None)
+    _backend: tuple[str, str] = PrivateAttr(default=("torch", ""))
 
     def pool_devices(self) -> list[str]:
         """The pool's devices, or [] for one model in this process."""
@@ -66,12 +75,16 @@ class SentenceTransformerEmbedder(ModelResource):
         return []
 
     def load(self) -> Any:
+        devices = self.pool_devices()
+        exported = load_exported(self.model, self.backend, self.device, bool(devices))
+        self._backend = exported[1:]
+        if exported[0] is not None:
+            return exported[0]
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
             raise MissingExtraError("sentence-transformers", "dev", "the sentence-transformers embedder") from exc
         path = minilm_path() if self.model == MINILM else self.model
-        devices = self.pool_devices()
         # With a pool, this process's copy stays on the CPU (the pool moves it there anyway and sends each worker
         # its own copy for its device): no CUDA context in the parent.
         model = SentenceTransformer(path, device="cpu" if devices else resolve_device(self.device))
@@ -82,8 +95,14 @@ class SentenceTransformerEmbedder(ModelResource):
             self._pool = model.start_multi_process_pool(target_devices=devices)
         return model
 
+    @property
+    def backend_used(self) -> str:
+        """The runtime that runs the model (after load): torch, onnx (onnxruntime) or openvino."""
+        return self._backend[0]
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
+        out.update(backend=self._backend[0], backend_reason=self._backend[1])
         if self._pool is not None:  # gpu_strategy replicas: one model copy per device
             out["replica_devices"] = ",".join(map(str, self.pool_devices()))
         return out
@@ -124,6 +143,45 @@ class SentenceTransformerEmbedder(ModelResource):
             **({"pool": self._pool} if self._pool is not None else {}),
         )
         return np.asarray(vectors, dtype=np.float32)
+
+
+def load_exported(model: str, backend: str, device: str, pool: bool) -> tuple[Any, str, str]:
+    """(encoder or None, backend, why): the exported model when `backend` (auto, onnx, openvino) picks one, else
+    None and 'torch' (resources/hf/onnx_encoder.py says how the backend is chosen)."""
+    from resources.hf.onnx_encoder import ExportedEncoder, choose, surely_cpu
+
+    if backend == "torch":
+        return None, "torch", "pinned in model.config.backend"
+    if pool or not surely_cpu(device):
+        if backend != "auto":
+            raise ValueError(f"backend {backend!r} runs on the CPU only; this model runs on device {device!r} "
+                             "(set device: cpu, or backend: torch)")
+        return None, "torch", "the model runs on a GPU (or a replicas pool): torch"
+    folder = model_folder(model)
+    if folder is None:
+        if backend != "auto":
+            raise ValueError(f"backend {backend!r} needs the model as a local folder; {model!r} is not one (nor a Hub "
+                             "id in the local cache)")
+        return None, "torch", "the model is not a local folder: torch"
+    exported, runtime, why = choose(model, folder, backend)
+    if exported is None:
+        return None, runtime, why
+    return ExportedEncoder(exported, runtime), runtime, why
+
+
+def model_folder(model: str) -> Path | None:
+    """The folder holding a sentence-transformers model: the shipped MiniLM, a local folder, or a Hub id's snapshot
+    in the local Hugging Face cache (nothing is downloaded)."""
+    if model == MINILM:
+        return Path(minilm_path())
+    if Path(model).is_dir():
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # not in the cache, or not a repo id: sentence-transformers resolves it (or says why not)
+        return None
 
 
 def cpu_encode_workers(model: Any, configured: int) -> int:

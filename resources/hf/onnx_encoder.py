@@ -1,0 +1,168 @@
+"""Runs a sentence-transformers model exported to ONNX (resources/hf/onnx_export.py) with onnxruntime or OpenVINO,
+behind the part of `SentenceTransformer`'s interface the providers use (`encode`, `tokenizer`, `max_seq_length`,
+`device`, `get_embedding_dimension`), without importing torch once the export is cached.
+
+Which backend runs a model (`backend: auto`, the default): the first of `AUTO_ORDER` whose runtime is installed and
+whose vectors matched torch's on the probe (min cosine >= 0.9999, measured at export and kept in the cache's
+manifest); torch when none does, when the model runs on a GPU, or when it cannot be exported. The order is fixed
+by measurement on the CI machine kind (docs/BENCHMARKS.md, "Runtimes"): OpenVINO ran MiniLM faster than
+onnxruntime, and both faster than torch. A pinned backend that is not faithful, or not installed, fails the load
+with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from resources.hf.onnx_export import FIDELITY_MIN, Exported, ensure_exported
+
+BACKENDS = ("auto", "torch", "onnx", "openvino")
+AUTO_ORDER = ("openvino", "onnx")
+_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+    return float(cos.min())
+
+
+def surely_cpu(device: str) -> bool:
+    """True when the model will run on the CPU, decided without importing torch: an explicit 'cpu', or 'auto' on a
+    host with no GPU device node (so torch could not see one either)."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    if os.environ.get("BATCH_INFER_GPUS", "").strip() == "0":
+        return True
+    return os.uname().sysname == "Linux" and not any(os.path.exists(p) for p in _ACCELERATOR_NODES)
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+def choose(name: str, folder: Path, backend: str) -> tuple[Exported | None, str, str]:
+    """(export or None, backend, why) for a model on the CPU. `backend` is the configured one."""
+    if backend == "torch":
+        return None, "torch", "pinned in model.config.backend"
+    exported = ensure_exported(name, folder)
+    problem = exported.manifest.get("problem")
+    candidates = AUTO_ORDER if backend == "auto" else (backend,)
+    reasons = []
+    for runtime in candidates:
+        score = exported.manifest.get("fidelity", {}).get(runtime)
+        if problem:
+            reasons.append(f"{runtime}: {problem}")
+        elif score is None:
+            reasons.append(f"{runtime}: its runtime is not installed "
+                           f"(pip install {'onnxruntime' if runtime == 'onnx' else 'openvino'})")
+        elif score < FIDELITY_MIN:
+            reasons.append(f"{runtime}: min cosine to torch {score:.6f} < {FIDELITY_MIN} on the probe texts")
+        else:
+            how = "fastest faithful" if backend == "auto" else "pinned in model.config.backend"
+            return exported, runtime, f"{how}; min cosine to torch {score:.7f}"
+    if backend != "auto":
+        raise BackendError(f"backend {backend!r} cannot run {name!r}: {'; '.join(reasons)}")
+    return None, "torch", "no faithful exported runtime: " + "; ".join(reasons)
+
+
+class ExportedEncoder:
+    """`encode` over an exported graph: rows tokenized once, sorted by token length (less padding), batched, run,
+    and put back in the caller's order."""
+
+    device = "cpu"
+
+    def __init__(self, exported: Exported, runtime: str, threads: int | None = None):
+        self.exported = exported
+        self.backend = runtime
+        self.max_seq_length = int(exported.manifest["max_seq_length"])
+        self._dimension = int(exported.manifest["dimension"])
+        self._inputs = list(exported.manifest["inputs"])
+        self._pad_id = int(exported.manifest["pad_id"])
+        self._hf_tokenizer: Any = None
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(exported.tokenizer_file))
+        threads = threads or usable_cores()
+        if runtime == "onnx":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(str(exported.graph), options, providers=["CPUExecutionProvider"])
+            self._run = lambda feeds: session.run(None, feeds)[0]
+        elif runtime == "openvino":
+            import openvino as ov
+
+            # f32 explicitly: on CPUs with AMX/AVX512-BF16 OpenVINO would otherwise run in bf16 (not torch's vectors)
+            compiled = ov.Core().compile_model(str(exported.graph), "CPU", {
+                "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_NUM_THREADS": threads, "CACHE_DIR": str(exported.folder / "openvino")})
+            local = threading.local()  # an infer request per thread: cpu_workers > 1 calls at once
+
+            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+                request = getattr(local, "request", None)
+                if request is None:
+                    request = local.request = compiled.create_infer_request()
+                return request.infer(feeds)[0].copy()
+
+            self._run = run
+        else:
+            raise ValueError(f"unknown runtime {runtime!r}")
+
+    def get_embedding_dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (what `prepare.max_input_tokens` counts with); loaded on first use
+        only, as it imports transformers."""
+        if self._hf_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._hf_tokenizer = AutoTokenizer.from_pretrained(self.exported.manifest["model_folder"])
+            self._hf_tokenizer.model_max_length = self.max_seq_length
+        return self._hf_tokenizer
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 32, normalize_embeddings: bool = False,
+               **_ignored: Any) -> np.ndarray:
+        texts = [str(s) for s in sentences]
+        out = np.empty((len(texts), self._dimension), dtype=np.float32)
+        if not texts:
+            return out
+        encodings = self._tokenizer.encode_batch(texts)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+        order = np.argsort(-lengths, kind="stable")
+        for start in range(0, len(texts), batch_size):
+            rows = order[start:start + batch_size]
+            width = int(lengths[rows[0]])
+            ids = np.full((len(rows), width), self._pad_id, dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            types = np.zeros((len(rows), width), dtype=np.int64)
+            for i, row in enumerate(rows):
+                e = encodings[row]
+                n = len(e.ids)
+                ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            out[rows] = self._run({k: feeds[k] for k in self._inputs})
+        if normalize_embeddings:  # as torch.nn.functional.normalize (eps 1e-12)
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
