@@ -90,7 +90,7 @@ class ZeroShotEmbeddingClassifier(ModelResource):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(score=self.score, hypothesis_template=self.hypothesis_template)
-        out.update({k: v for k, v in self._backend.items() if k in ("backend", "backend_reason")})
+        out.update({k: v for k, v in self._backend.items() if k in ("backend", "backend_reason", "device")})
         return out
 
     def label_sentences(self, labels: Sequence[str]) -> list[str]:

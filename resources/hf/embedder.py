@@ -103,6 +103,8 @@ class SentenceTransformerEmbedder(ModelResource):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(backend=self._backend[0], backend_reason=self._backend[1])
+        if self._backend[0] != "torch":
+            out["device"] = "cpu"  # said here, so the metadata does not import torch to resolve device 'auto'
         if self._pool is not None:  # gpu_strategy replicas: one model copy per device
             out["replica_devices"] = ",".join(map(str, self.pool_devices()))
         return out
