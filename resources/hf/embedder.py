@@ -20,6 +20,8 @@ from pydantic import Field, PrivateAttr
 from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
 from resources.errors import MissingExtraError
 from resources.hf.models import MINILM, minilm_path
+from resources.hf.onnx_encoder import ExportedEncoder
+from resources.hf.onnx_export import choose, surely_cpu
 from resources.tokens import encoder_limit
 
 
@@ -150,8 +152,6 @@ class SentenceTransformerEmbedder(ModelResource):
 def load_exported(model: str, backend: str, device: str, pool: bool) -> tuple[Any, str, str]:
     """(encoder or None, backend, why): the exported model when `backend` (auto, onnx, openvino) picks one, else
     None and 'torch' (resources/hf/onnx_encoder.py says how the backend is chosen)."""
-    from resources.hf.onnx_encoder import ExportedEncoder, choose, surely_cpu
-
     if backend == "torch":
         return None, "torch", "pinned in model.config.backend"
     if pool or not surely_cpu(device):

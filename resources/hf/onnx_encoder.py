@@ -2,7 +2,8 @@
 behind the part of `SentenceTransformer`'s interface the providers use (`encode`, `tokenizer`, `max_seq_length`,
 `device`, `get_embedding_dimension`), without importing torch once the export is cached.
 
-Which backend runs a model (`backend: auto`, the default): the first of `AUTO_ORDER` whose runtime is installed and
+Which backend runs a model (`backend: auto`, the default; `choose` in onnx_export.py): the first of `AUTO_ORDER` whose
+runtime is installed and
 whose vectors matched torch's on the probe (min cosine >= 0.9999, measured at export and kept in the cache's
 manifest); torch when none does, when the model runs on a GPU, or when it cannot be exported. The order is fixed
 by measurement on the CI machine kind (docs/BENCHMARKS.md, "Runtimes"): OpenVINO ran MiniLM faster than
@@ -15,16 +16,33 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from resources.hf.onnx_export import FIDELITY_MIN, Exported, ensure_exported
+FIDELITY_MIN = 0.9999  # min cosine against torch's vectors for a runtime to be used by default
 
-BACKENDS = ("auto", "torch", "onnx", "openvino")
-AUTO_ORDER = ("openvino", "onnx")
-_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+@dataclass(frozen=True)
+class Exported:
+    """A usable cache folder."""
+
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def graph(self) -> Path:
+        return self.folder / "model.onnx"
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.folder / "tokenizer.json"
+
+    def faithful(self, runtime: str) -> bool:
+        score = self.manifest.get("fidelity", {}).get(runtime)
+        return score is not None and score >= FIDELITY_MIN
 
 
 def usable_cores() -> int:
@@ -39,47 +57,6 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     b = np.asarray(b, dtype=np.float64)
     cos = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
     return float(cos.min())
-
-
-def surely_cpu(device: str) -> bool:
-    """True when the model will run on the CPU, decided without importing torch: an explicit 'cpu', or 'auto' on a
-    host with no GPU device node (so torch could not see one either)."""
-    if device == "cpu":
-        return True
-    if device != "auto":
-        return False
-    if os.environ.get("BATCH_INFER_GPUS", "").strip() == "0":
-        return True
-    return os.uname().sysname == "Linux" and not any(os.path.exists(p) for p in _ACCELERATOR_NODES)
-
-
-class BackendError(RuntimeError):
-    pass
-
-
-def choose(name: str, folder: Path, backend: str) -> tuple[Exported | None, str, str]:
-    """(export or None, backend, why) for a model on the CPU. `backend` is the configured one."""
-    if backend == "torch":
-        return None, "torch", "pinned in model.config.backend"
-    exported = ensure_exported(name, folder)
-    problem = exported.manifest.get("problem")
-    candidates = AUTO_ORDER if backend == "auto" else (backend,)
-    reasons = []
-    for runtime in candidates:
-        score = exported.manifest.get("fidelity", {}).get(runtime)
-        if problem:
-            reasons.append(f"{runtime}: {problem}")
-        elif score is None:
-            reasons.append(f"{runtime}: its runtime is not installed "
-                           f"(pip install {'onnxruntime' if runtime == 'onnx' else 'openvino'})")
-        elif score < FIDELITY_MIN:
-            reasons.append(f"{runtime}: min cosine to torch {score:.6f} < {FIDELITY_MIN} on the probe texts")
-        else:
-            how = "fastest faithful" if backend == "auto" else "pinned in model.config.backend"
-            return exported, runtime, f"{how}; min cosine to torch {score:.7f}"
-    if backend != "auto":
-        raise BackendError(f"backend {backend!r} cannot run {name!r}: {'; '.join(reasons)}")
-    return None, "torch", "no faithful exported runtime: " + "; ".join(reasons)
 
 
 class ExportedEncoder:

@@ -25,17 +25,20 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from resources.hf.onnx_encoder import FIDELITY_MIN, Exported, ExportedEncoder, min_cosine
+
 FORMAT = 1
 CACHE_ENV = "BATCH_ONNX_CACHE"
-RUNTIMES = ("onnx", "openvino")  # backend name -> runtime: onnx = onnxruntime, openvino = OpenVINO reading the graph
-FIDELITY_MIN = 0.9999  # min cosine against torch's vectors for a runtime to be used by default
+RUNTIMES = ("onnx", "openvino")  # onnx = onnxruntime; openvino = OpenVINO reading the same graph
 _VERSIONED = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "openvino")
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+BACKENDS = ("auto", "torch", "onnx", "openvino")
+AUTO_ORDER = ("openvino", "onnx")  # by measurement (docs/BENCHMARKS.md, "Runtimes for encoders"); then torch
+_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 # The probe the fidelity is measured on: short and long, messy and clean. The long ones run past the model's max
 # length, so truncation is compared too.
@@ -56,26 +59,6 @@ PROBE_TEXTS: tuple[str, ...] = (
     "x" * 3000,
     " ".join(f"token{i} of a long technical document about databases and indexes" for i in range(80)),
 )
-
-
-@dataclass(frozen=True)
-class Exported:
-    """A usable cache folder."""
-
-    folder: Path
-    manifest: dict[str, Any]
-
-    @property
-    def graph(self) -> Path:
-        return self.folder / "model.onnx"
-
-    @property
-    def tokenizer_file(self) -> Path:
-        return self.folder / "tokenizer.json"
-
-    def faithful(self, runtime: str) -> bool:
-        score = self.manifest.get("fidelity", {}).get(runtime)
-        return score is not None and score >= FIDELITY_MIN
 
 
 def versions() -> dict[str, str | None]:
@@ -226,8 +209,6 @@ def export(folder: Path, out: Path) -> dict[str, Any]:
     same_tokens = ids == [row[mask.bool()].tolist() for row, mask in zip(features["input_ids"],
                                                                            features["attention_mask"])]
     manifest["tokenizer_matches"] = same_tokens
-    from resources.hf.onnx_encoder import ExportedEncoder, min_cosine
-
     for runtime in RUNTIMES:
         try:
             encoder = ExportedEncoder(Exported(out, manifest), runtime)
@@ -236,3 +217,46 @@ def export(folder: Path, out: Path) -> dict[str, Any]:
         vectors = encoder.encode(list(PROBE_TEXTS), batch_size=8)
         manifest["fidelity"][runtime] = min_cosine(vectors, reference) if same_tokens else 0.0
     return manifest
+
+
+
+
+def surely_cpu(device: str) -> bool:
+    """True when the model will run on the CPU, decided without importing torch: an explicit 'cpu', or 'auto' on a
+    host with no GPU device node (so torch could not see one either)."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    if os.environ.get("BATCH_INFER_GPUS", "").strip() == "0":
+        return True
+    return os.uname().sysname == "Linux" and not any(os.path.exists(p) for p in _ACCELERATOR_NODES)
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+def choose(name: str, folder: Path, backend: str) -> tuple[Exported | None, str, str]:
+    """(export or None, backend, why) for a model on the CPU. `backend` is the configured one."""
+    if backend == "torch":
+        return None, "torch", "pinned in model.config.backend"
+    exported = ensure_exported(name, folder)
+    problem = exported.manifest.get("problem")
+    candidates = AUTO_ORDER if backend == "auto" else (backend,)
+    reasons = []
+    for runtime in candidates:
+        score = exported.manifest.get("fidelity", {}).get(runtime)
+        if problem:
+            reasons.append(f"{runtime}: {problem}")
+        elif score is None:
+            reasons.append(f"{runtime}: its runtime is not installed "
+                           f"(pip install {'onnxruntime' if runtime == 'onnx' else 'openvino'})")
+        elif score < FIDELITY_MIN:
+            reasons.append(f"{runtime}: min cosine to torch {score:.6f} < {FIDELITY_MIN} on the probe texts")
+        else:
+            how = "fastest faithful" if backend == "auto" else "pinned in model.config.backend"
+            return exported, runtime, f"{how}; min cosine to torch {score:.7f}"
+    if backend != "auto":
+        raise BackendError(f"backend {backend!r} cannot run {name!r}: {'; '.join(reasons)}")
+    return None, "torch", "no faithful exported runtime: " + "; ".join(reasons)
