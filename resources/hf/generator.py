@@ -6,11 +6,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from resources.base import ModelResource, resolve_device
 from resources.errors import MissingExtraError
 from resources.hf.constrained import generate_constrained
+from resources.hf.gguf_cache import load_gguf
 from resources.hf.models import SMOLLM2, smollm2_location
 from resources.protocols import Conversation, Generation, GenerationParams
 from resources.tokens import generation_limit
@@ -48,6 +49,8 @@ class TransformersGenerator(ModelResource):
         "and system message) once, and reuse it for every batch: prefill, not decoding, dominates short answers.",
     )
 
+    _source: str = PrivateAttr(default="")  # what the weights were read from: the GGUF file or its converted copy
+
     def load(self) -> _Loaded:
         try:
             import torch
@@ -58,16 +61,24 @@ class TransformersGenerator(ModelResource):
             folder, gguf = smollm2_location()
         else:
             folder, gguf = self.model, self.gguf_file
-        kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        tokenizer.padding_side = "left"  # decoder-only models continue from the right edge
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
         device = resolve_device(self.device)
         dtype = None if self.dtype == "auto" else getattr(torch, self.dtype)
         if dtype is None and device.startswith("cuda"):
             dtype = torch.bfloat16
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device).eval()
+
+        def from_pretrained(where: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+            return (AutoTokenizer.from_pretrained(where, **kwargs),
+                    AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs))
+
+        if gguf:  # dequantized once, then read from the converted copy (resources/hf/gguf_cache.py)
+            tokenizer, model, self._source = load_gguf(folder, gguf, from_pretrained)
+        else:
+            tokenizer, model = from_pretrained(folder, {})
+            self._source = folder
+        tokenizer.padding_side = "left"  # decoder-only models continue from the right edge
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = model.to(device).eval()
         eos = model.generation_config.eos_token_id
         eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
         eos_ids.add(tokenizer.eos_token_id)
