@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from typing import Any, ClassVar
@@ -65,6 +66,7 @@ class ModelResource(dg.ConfigurableResource):
 
     _model: Any = PrivateAttr(default=None)
     _load_seconds: float = PrivateAttr(default=0.0)
+    _preload: Any = PrivateAttr(default=None)  # _Preload while the model loads on its thread
 
     # -- what orchestration needs to know, declared by the provider (no table of provider names elsewhere) -------
     # Dagster kinds shown on the pipeline's infer asset (its tags and icons in the UI).
@@ -77,6 +79,11 @@ class ModelResource(dg.ConfigurableResource):
     # sharded over all of them (`tensor_parallel`). A provider that does neither runs its model on one GPU.
     runs_replicas: ClassVar[bool] = False
     runs_tensor_parallel: ClassVar[bool] = False
+    # Load on a thread from the moment the run's process sets the resource up, so the steps before infer (read,
+    # prepare) run while the model loads; the first use of the model (the infer step) waits for it and fails with
+    # the load's error. Only for providers whose model loads in this process and is not tied to the thread that
+    # loaded it (an HTTP client's event loop is): they opt in.
+    preload: ClassVar[bool] = False
     # What to check when the model's answers ignore the output constraint (the fix of the error that stops a run
     # whose structured answers do not parse).
     unparseable_hint: ClassVar[str] = ("the model's answers ignore the constraint: check the provider supports "
@@ -114,6 +121,7 @@ class ModelResource(dg.ConfigurableResource):
 
     def describe(self) -> dict[str, Any]:
         """Metadata recorded on the infer asset: safe, non-secret settings."""
+        self.wait_for_preload()  # what the load decides (device, replicas) is known only once it is done
         out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
         if hasattr(self, "batch_size"):
             out["batch_size"] = int(self.batch_size)
@@ -121,9 +129,16 @@ class ModelResource(dg.ConfigurableResource):
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if self.preload:
+            self._preload = _Preload(self, context.log)
+            return
+        self._model = self._load_model()
+        self._log_loaded(context.log)
+
+    def _load_model(self) -> Any:
         start = time.perf_counter()
         try:
-            self._model = self.load()
+            model = self.load()
         except ImportError:
             raise
         except Exception as exc:  # re-raised with the model named (and secrets masked): a failed load fails the step
@@ -132,13 +147,16 @@ class ModelResource(dg.ConfigurableResource):
             raise ModelLoadError(message) from None
         self._load_seconds = time.perf_counter() - start
         LOAD_COUNTS[type(self).__name__] += 1
-        if context.log is not None:
-            context.log.info(
-                f"Loaded model {self.model_name()} ({type(self).__name__}) in {self._load_seconds:.1f}s "
-                f"in process {os.getpid()}"
-            )
+        return model
+
+    def _log_loaded(self, log: Any, waited: float | None = None) -> None:
+        if log is not None:
+            how = "" if waited is None else f" on a thread from the run's start (the first use waited {waited:.1f}s)"
+            log.info(f"Loaded model {self.model_name()} ({type(self).__name__}) in {self._load_seconds:.1f}s"
+                     f"{how} in process {os.getpid()}")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.wait_for_preload(errors=False)  # a run that ended before its infer step: the load ends, is dropped
         self._model = None
         gc.collect()
         # Only a provider that already imported torch can hold GPU memory; importing it here would cost an API-only
@@ -147,8 +165,24 @@ class ModelResource(dg.ConfigurableResource):
         if torch is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def wait_for_preload(self, errors: bool = True) -> None:
+        """Wait for a model loading on its thread (nothing to wait for otherwise); its error is raised here unless
+        `errors` is False (teardown: the run has already failed or never needed the model)."""
+        preload = self._preload
+        if preload is None:
+            return
+        if not errors:
+            preload.thread.join()
+            self._preload = None
+            if preload.error is None and self._model is None:
+                self._model = preload.model  # teardown_after_execution of the provider releases what it holds
+            return
+        preload.finish(self)
+
     @property
     def loaded(self) -> Any:
+        if self._model is None:
+            self.wait_for_preload()
         if self._model is None:
             raise RuntimeError(
                 f"{type(self).__name__} used before its model was loaded: use it as a Dagster resource "
@@ -159,4 +193,37 @@ class ModelResource(dg.ConfigurableResource):
     def load_for_tests(self) -> "ModelResource":
         """Load outside Dagster (unit tests, benchmarks)."""
         self.setup_for_execution(dg.build_init_resource_context())
+        _ = self.loaded  # a preloading provider: wait here, so the test sees the load and its error
         return self
+
+
+class _Preload:
+    """One model load on its own thread; `finish` (from `loaded`) waits for it, once, and hands the model or the
+    load's error to the resource."""
+
+    def __init__(self, resource: ModelResource, log: Any) -> None:
+        self.log = log
+        self.model: Any = None
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, args=(resource,), daemon=True,
+                                       name=f"preload-{type(resource).__name__}")
+        self.thread.start()
+
+    def _run(self, resource: ModelResource) -> None:
+        try:
+            self.model = resource._load_model()
+        except BaseException as exc:  # kept for the first use of the model: the infer step fails with it
+            self.error = exc
+
+    def finish(self, resource: ModelResource) -> None:
+        with self.lock:
+            if resource._model is not None:  # another thread of the step finished it
+                return
+            waited = time.perf_counter()
+            self.thread.join()
+            if self.error is not None:
+                raise self.error  # every use raises it again: the step fails, never with a half-loaded model
+            resource._model = self.model
+            resource._preload = None
+            resource._log_loaded(self.log, time.perf_counter() - waited)

@@ -379,6 +379,11 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         if infer_pool(spec):  # where the slot holder runs, so a later run can tell when it is gone
             record_infer_process(context.instance, context.run_id)
         provider = getattr(context.resources, model_key)
+        try:  # a local model has been loading on a thread since the run started (resources/base.py `preload`)
+            provider.wait_for_preload()
+        except (ModelLoadError, ImportError) as exc:  # a retry of the step would load and fail the same way
+            raise dg.Failure(description=f"pipeline {spec.name!r}: {exc}", metadata={"pipeline": spec.name},
+                             allow_retries=False) from None
         if spec.runtime.response_cache:
             provider = cached(provider, ResponseCache(storage.resolved_root()))
         describe = provider.describe()

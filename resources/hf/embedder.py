@@ -29,6 +29,7 @@ class SentenceTransformerEmbedder(ModelResource):
     """Embeds text with a sentence-transformers model, loaded once per process."""
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"pytorch", "huggingface"})
+    preload: ClassVar[bool] = True  # imports and weights load while read and prepare run (resources/base.py)
     runs_replicas: ClassVar[bool] = True  # sentence-transformers' own multi-process pool, one process per GPU
 
     model: str = Field(
@@ -112,6 +113,7 @@ class SentenceTransformerEmbedder(ModelResource):
         return out
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.wait_for_preload(errors=False)  # a pool the preload thread started is stopped below, not leaked
         if self._pool is not None:
             self.loaded.stop_multi_process_pool(self._pool)  # the workers exit before the step ends
             self._pool = None

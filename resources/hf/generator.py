@@ -30,6 +30,7 @@ class TransformersGenerator(ModelResource):
     """Batched chat generation with a causal LM: chat template, left padding, length-sorted batches."""
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"pytorch", "huggingface"})
+    preload: ClassVar[bool] = True  # imports and weights load while read and prepare run (resources/base.py)
 
     model: str = Field(
         default=SMOLLM2,
