@@ -17,6 +17,7 @@ import yaml
 from common import OUR_PY, ROOT, WORK, Run, run_process
 
 DAGSTER = ROOT / ".venv" / "bin" / "dagster"
+DG = ROOT / ".venv" / "bin" / "dg"
 HOME = WORK / "dagster_home"
 KEYS = [f"part-{i}" for i in range(4)]
 
@@ -94,9 +95,10 @@ def before_label() -> str:
 
 
 def materialize(spec: dict[str, Any], keys: list[str], env: dict[str, str] | None = None, label: str = "",
-                tree: Path | None = None) -> Run:
+                tree: Path | None = None, launcher: str = "materialize") -> Run:
     """One whole-process `dagster asset materialize` of every stage of `spec` over `keys` (one run); with `tree`,
-    the code of that checkout instead of this one."""
+    the code of that checkout instead of this one; with `launcher="dg"`, through `dg launch` (what the docs tell
+    users to run) instead."""
     name = spec["name"]
     pipelines = WORK / "pipelines" / name
     storage = WORK / "storage" / name
@@ -105,7 +107,10 @@ def materialize(spec: dict[str, Any], keys: list[str], env: dict[str, str] | Non
     pipelines.mkdir(parents=True)
     (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     prepare_home()
-    cmd = [str(DAGSTER), "asset", "materialize", "-m", "batch_assets.definitions", "--select", f"group:{name}"]
+    if launcher == "dg":
+        cmd = [str(DG), "launch", "--assets", f"group:{name}"]
+    else:
+        cmd = [str(DAGSTER), "asset", "materialize", "-m", "batch_assets.definitions", "--select", f"group:{name}"]
     cmd += ["--partition", keys[0]] if len(keys) == 1 else ["--partition-range", f"{keys[0]}...{keys[-1]}"]
     extra = {"PYTHONPATH": str(tree)} if tree else {}
     run = run_process(cmd, env={"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(storage),

@@ -1,6 +1,6 @@
 """`make bench`: every variant of every job as a whole process, interleaved and repeated, in one run.
 
-Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory.
+Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory, start.
 Sizes: BENCH_PROFILE=quick (default) | full (the issue's sizes) | tiny (smoke test), and
 BENCH_DOCS, BENCH_PROMPTS, BENCH_API_REQUESTS, BENCH_API_LATENCY, BENCH_REPEATS, ... (bench/common.py).
 BENCH_PEERS=0 skips Daft and Ray (no peers virtualenv needed).
@@ -328,9 +328,36 @@ def bench_orchestration(knobs: Knobs) -> dict[str, Any]:
     }
 
 
+# -- start: a tiny partition's whole process (issue 18, P8) ------------------------------------------------------
+START_RAW = "raw script, 5 rows"
+START_OURS = "ours (dg launch), 5 rows"
+
+
+def bench_start(knobs: Knobs) -> dict[str, Any]:
+    """A 5-row partition through `dg launch` (what a sensor-triggered run of a small file costs: CLI start,
+    definitions, model load, four steps, exit) against the raw script embedding the same 5 rows."""
+    data = WORK / "data" / "start-5"
+    write_documents(data, 5, files=1)
+    spec = ours.embed_spec("bench_start", data, ["part-0"])
+    variants: dict[str, Variant] = {
+        START_RAW: lambda r: run_process(
+            [str(OUR_PY), str(BENCH / "raw_embed.py"), "--input", str(data / "part-0.parquet"), "--output",
+             str(WORK / "out" / "raw_start.parquet")], log=WORK / "logs" / f"raw-start-{r}.log"),
+        START_OURS: lambda r: ours.materialize(spec, ["part-0"], label=f"-{r}", launcher="dg"),
+    }
+    if ours.before_tree():
+        variants[f"ours before ({ours.before_label()}) (dg launch), 5 rows"] = lambda r: ours.materialize(
+            spec, ["part-0"], label=f"-{r}", tree=ours.before_tree(), launcher="dg")
+    runs = interleave(variants, knobs.repeats_for("start"))
+    res = describe(runs, ("model_loads", "import_s", "load_s", "read_s", "infer_s", "write_s", *PHASES))
+    raw, mine = med(res, START_RAW), med(res, START_OURS)
+    return {"rows": 5, "repeats": knobs.repeats_for("start"), "variants": res, "ratios": {
+        "ours_minus_raw_s": round(mine - raw, 2) if raw and mine else None, "ours_vs_raw": ratio(raw, mine)}}
+
+
 SECTIONS: dict[str, Callable[[Knobs], dict[str, Any]]] = {
     "embed": bench_embed, "generate": bench_generate, "api": bench_api, "memory": bench_memory,
-    "orchestration": bench_orchestration,
+    "orchestration": bench_orchestration, "start": bench_start,
 }
 
 
