@@ -64,6 +64,7 @@ class Task:
     output_types: ClassVar[bool] = False  # may take task.output_types
     # The task-specific prepare fields this kind reads; a spec setting another one is refused (it would be ignored)
     prepare_fields: ClassVar[frozenset[str]] = frozenset()
+    task_fields: ClassVar[frozenset[str]] = frozenset()  # likewise for the task section (TASK_SPECIFIC_TASK_FIELDS)
 
     def __init__(self, spec: Spec, provider: Any, params: GenerationParams | None = None,
                  limit: TokenLimit | None = None):
@@ -91,12 +92,22 @@ class Task:
         """A prepare field set to something other than its default that this kind would not read is refused: a
         setting silently ignored is a bug the user only finds in the output."""
         prep, problems = spec.prepare, []
+        for section, model, fields, own in (("prepare", prep, TASK_PREPARE_FIELDS, cls.prepare_fields),
+                                            ("task", spec.task, TASK_SPECIFIC_TASK_FIELDS, cls.task_fields)):
+            defaults = type(model).model_fields
+            for name in sorted(fields - own):
+                if _set(model, name):
+                    listed = ", ".join(sorted(own)) or "none of them"
+                    problems.append((f"{section}.{name}", f"task {cls.kind!r} does not use it, so it would be "
+                                     f"ignored (its task-specific {section} fields: {listed}): remove it"))
+        task = spec.task
+        if "label_column" in cls.task_fields and not task.labels:
+            problems += [(f"task.{name}", "applies only with task.labels, which is not set: remove it or set labels")
+                         for name in ("label_column", "default_label") if _set(task, name)]
+        if "structured_column" in cls.task_fields and task.structured is None and _set(task, "structured_column"):
+            problems.append(("task.structured_column", "applies only with task.structured, which is not set: "
+                             "remove it or set structured"))
         defaults = type(prep).model_fields
-        for name in sorted(TASK_PREPARE_FIELDS - cls.prepare_fields):
-            if name in prep.model_fields_set and getattr(prep, name) != defaults[name].get_default(call_default_factory=True):
-                own = ", ".join(sorted(cls.prepare_fields)) or "none of them"
-                problems.append((f"prepare.{name}", f"task {cls.kind!r} does not use it, so it would be ignored "
-                                 f"(its task-specific prepare fields: {own}): remove it"))
         dependent = {"too_long": "max_input_tokens", "image_max_side": "image_columns", "duplicate_ids": "id_column"}
         for name, needs in dependent.items():
             if name in prep.model_fields_set and getattr(prep, needs) in (None, []) \
@@ -209,6 +220,14 @@ class Task:
         raise NotImplementedError
 
 
+def _set(model: Any, name: str) -> bool:
+    """Whether the spec sets the field to something other than its default (an explicit default is no setting)."""
+    field = type(model).model_fields[name]
+    return name in model.model_fields_set and getattr(model, name) != field.get_default(call_default_factory=True)
+
+
+# The task fields that only some task kinds read (structured and output_types have their own messages above).
+TASK_SPECIFIC_TASK_FIELDS = frozenset({"params", "labels", "label_column", "default_label", "structured_column"})
 # The prepare fields that only some task kinds read (each kind lists its own in `prepare_fields`). max_input_tokens
 # has its own message above.
 TASK_PREPARE_FIELDS = frozenset({"template", "system", "text_column", "input_columns", "image_columns",

@@ -24,6 +24,7 @@ class GenerateTask(TextInput):
     reads = "prompt"
     text_column = "_prompt"
     prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side"})
+    task_fields = frozenset({"params", "labels", "label_column", "default_label", "structured_column"})
     counts_tokens = True
     extra_outputs = ("prompt_tokens", "completion_tokens")
     structured = True

@@ -35,6 +35,7 @@ class Labels(Task):
 
     default_output = "label"
     extra_outputs = ("score",)
+    task_fields = frozenset({"labels"})
 
     @classmethod
     def spec_problems(cls, spec: Spec) -> Problems:

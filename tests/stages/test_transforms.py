@@ -32,6 +32,7 @@ DOC = ROOT / "docs" / "transforms.md"
 def spec_of(base: dict, **prepare) -> object:
     raw = json.loads(json.dumps(base))
     raw["source"]["path"] = "/data/{partition}.jsonl"
+    raw["task"] = prepare.pop("task", raw["task"])
     raw["source"]["columns"] = prepare.pop("columns", raw["source"]["columns"])
     raw["prepare"] = {**raw["prepare"], **prepare}
     return parse_spec(raw)
@@ -113,6 +114,10 @@ def test_join_skips_missing_values_and_feeds_text_column() -> None:
     (EMBED_SPEC, {"text_column": "joined"}, "column 'joined' is not in source.columns"),
     (EMBED_SPEC, {"function": "examples_models.catalog:no_such"}, "has no attribute 'no_such'"),
     (EMBED_SPEC, {"join": {"text": {"columns": ["doc_id", "text"]}}}, "'text' is a source column"),
+    (EMBED_SPEC, {"task": {"kind": "embed", "params": {"max_new_tokens": 5}}}, "task.params: task 'embed' does not use"),
+    (EMBED_SPEC, {"task": {"kind": "embed", "labels": ["a", "b"]}}, "task.labels: task 'embed' does not use it"),
+    (GENERATE_SPEC, {"task": {"kind": "generate", "label_column": "x"}}, "task.label_column: applies only with task.labels"),
+    (GENERATE_SPEC, {"task": {"kind": "generate", "structured_column": "x"}}, "task.structured_column: applies only"),
 ])
 def test_spec_refuses_what_would_be_ignored_or_cannot_work(base, prepare, expected) -> None:
     with pytest.raises(SpecError) as err:
