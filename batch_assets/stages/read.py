@@ -319,7 +319,8 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
         hashes = pa.array(stable_hash64(ids.to_pylist()), pa.uint64())
         next_row += n
         yield pa.RecordBatch.from_arrays(
-            [*columns, ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes, pa.array(errors, pa.string())],
+            [*columns, ids, pa.repeat(pa.scalar(url, pa.string()), n), rows, hashes,
+             pa.array(errors, pa.string()) if any(errors) else pa.nulls(n, pa.string())],
             names=[*spec.source.columns, *LINEAGE_COLUMNS, READ_ERROR_COLUMN],
         )
 
