@@ -46,6 +46,7 @@ class Knobs:
     api_requests: int = 0
     api_latency: float = 0.0
     api_in_flight: int = 64
+    api_wide_in_flight: int = 1000
     memory_rows: int = 0
     backfill_partitions: int = 10
     backfill_rows: int = 0
@@ -66,6 +67,7 @@ class Knobs:
         self.api_requests = _int("BENCH_API_REQUESTS", 40 if tiny else 4_000 if full else 1_000)
         self.api_latency = _float("BENCH_API_LATENCY", 0.05 if tiny else 0.25)
         self.api_in_flight = _int("BENCH_API_IN_FLIGHT", 64)
+        self.api_wide_in_flight = _int("BENCH_API_WIDE_IN_FLIGHT", 1000)
         self.memory_rows = _int("BENCH_MEMORY_ROWS", 20 if tiny else 2_000 if full else 1_000)
         self.backfill_partitions = _int("BENCH_BACKFILL_PARTITIONS", 3 if tiny else 10)
         self.backfill_rows = _int("BENCH_BACKFILL_ROWS", 5 if tiny else 100)
@@ -84,6 +86,7 @@ class Run:
     log_path: Path
     start_epoch: float = 0.0
     end_epoch: float = 0.0
+    cpu_s: float = 0.0  # user + system CPU of the process and its waited-for children
 
 
 def run_process(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -115,7 +118,8 @@ def run_process(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | N
     for line in text.splitlines():
         if line.startswith(RESULT_PREFIX):
             result = json.loads(line.removeprefix(RESULT_PREFIX))
-    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, result, text[-3000:], log, start_epoch, time.time())
+    return Run(wall, usage.ru_maxrss / 1024, proc.returncode, result, text[-3000:], log, start_epoch, time.time(),
+               usage.ru_utime + usage.ru_stime)
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -2,14 +2,17 @@
 
     python bench/infer_loop.py embed --repo /path/to/checkout --rows 10000 --repeat 3
     python bench/infer_loop.py api   --repo /path/to/checkout --requests 2000 --latency 0.25 --in-flight 64
+    python bench/infer_loop.py api   --base-url http://127.0.0.1:8765 --requests 1000 --in-flight 1000
 
 `--repo` picks the checkout whose `batch_assets` is measured (run it once on the old commit, once on the new: the
 stage functions `run_read` / `run_prepare` / `run_infer` have the same signature in both).
 - embed: all-MiniLM-L6-v2 on CPU over N short documents. `raw` is one `encode` call over every text (what a hand
   script does; sentence-transformers sorts the call by length), `infer` is `run_infer` on the prepared partition
   with the same loaded model. Interleaved, median of --repeat.
-- api: a loopback OpenAI-compatible server (tests/providers/fault_proxy.py answering by itself after --latency s);
-  requests/s of `run_infer` over a generate partition, against the ideal in-flight / latency.
+- api: a loopback OpenAI-compatible server (tests/providers/fault_proxy.py answering by itself after --latency s, or
+  with --base-url a running bench/api_server.py, whose CPU is then not this process's); requests/s of `run_infer`
+  over a generate partition against the ideal in-flight / latency, and the process's CPU per request (the client's
+  cost, with --base-url). `make bench`'s api section runs it with --base-url.
 Prints one JSON line.
 """
 
@@ -106,38 +109,51 @@ def bench_embed(args) -> dict:
 
 
 def bench_api(args) -> dict:
+    if args.base_url:  # an external server (bench/api_server.py): this process's CPU is then the client's alone
+        return _api_runs(args, args.base_url.rstrip("/") + "/v1", None)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the proxy from this checkout's tests
     from tests.providers.fault_proxy import Echo, FaultProxy
 
-    rows = [{"doc_id": f"q{i}", "text": f"question {i}"} for i in range(args.requests)]
     with FaultProxy(lambda key, n: Echo(delay_s=args.latency)) as proxy:
         proxy._server.request_queue_size = 1024
-        spec, storage = _setup(args.repo, rows, {
-            "prepare": {"id_column": "doc_id", "template": "{text}"},
-            "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
-            "model": {"provider": "openai", "config": {"model": "m", "base_url": proxy.url,
-                                                       "max_concurrency": args.in_flight}},
-        })
-        from resources.openai_api import OpenAICompatibleProvider
+        return _api_runs(args, proxy.url, proxy)
 
-        provider = OpenAICompatibleProvider(model="m", base_url=proxy.url, max_concurrency=args.in_flight).load_for_tests()
-        _infer_once.provider = provider  # type: ignore[attr-defined]
-        runs = [_infer_once(spec, storage) for _ in range(args.repeat)]
-        provider.close()
-        max_in_flight = proxy.max_in_flight
+
+def _api_runs(args, url: str, proxy) -> dict:
+    rows = [{"doc_id": f"q{i}", "text": f"question {i}"} for i in range(args.requests)]
+    spec, storage = _setup(args.repo, rows, {
+        "prepare": {"id_column": "doc_id", "template": "{text}"},
+        "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
+        "model": {"provider": "openai", "config": {"model": "m", "base_url": url, "max_concurrency": args.in_flight}},
+    })
+    from resources.openai_api import OpenAICompatibleProvider
+
+    provider = OpenAICompatibleProvider(model="m", base_url=url, max_concurrency=args.in_flight).load_for_tests()
+    _infer_once.provider = provider  # type: ignore[attr-defined]
+    _infer_once(spec, storage)  # warm-up: connections opened, code paths loaded
+    runs, cpus = [], []
+    for _ in range(args.repeat):
+        runs.append(_infer_once(spec, storage))
+        cpus.append(_infer_once.cpu)  # type: ignore[attr-defined]
+    provider.close()
+    seconds = statistics.median(runs)
+    ideal = args.in_flight / args.latency
+    out = {"variant": "api", "repo": str(args.repo), "requests": args.requests, "latency_s": args.latency,
+           "in_flight": args.in_flight, "chunk_rows": spec.runtime.chunk_rows,
+           "req_per_s": round(args.requests / seconds, 1), "ideal_req_per_s": ideal,
+           "of_ideal": round(args.requests / seconds / ideal, 3), "runs_s": [round(x, 2) for x in runs],
+           # the whole process's CPU (every thread) during the infer step, per request: the client's cost
+           "cpu_ms_per_request": round(1000 * statistics.median(cpus) / args.requests, 3),
+           "load_avg_1m": round(__import__("os").getloadavg()[0], 1)}
+    if proxy is not None:
         last = [a for a in proxy.attempts][-args.requests:]  # the last repetition's requests
         span = max(a.finished for a in last) - min(a.arrived for a in last)
         busy = sum(a.finished - a.arrived for a in last)
-    seconds = statistics.median(runs)
-    ideal = args.in_flight / args.latency
-    return {"variant": "api", "repo": str(args.repo), "requests": args.requests, "latency_s": args.latency,
-            "in_flight": args.in_flight, "chunk_rows": spec.runtime.chunk_rows, "req_per_s": round(args.requests / seconds, 1),
-            "ideal_req_per_s": ideal, "of_ideal": round(args.requests / seconds / ideal, 3),
-            "max_in_flight_seen": max_in_flight, "runs_s": [round(x, 2) for x in runs],
-            # what the server saw: requests in flight on average between the first arrival and the last answer, and
-            # the latency it really gave (a loaded machine answers later than --latency)
-            "mean_in_flight_at_server": round(busy / span, 1), "mean_server_latency_s": round(busy / len(last), 3),
-            "server_span_s": round(span, 2)}
+        # what the server saw: requests in flight on average between the first arrival and the last answer, and
+        # the latency it really gave (a loaded machine answers later than --latency)
+        out.update(max_in_flight_seen=proxy.max_in_flight, mean_in_flight_at_server=round(busy / span, 1),
+                   mean_server_latency_s=round(busy / len(last), 3), server_span_s=round(span, 2))
+    return out
 
 
 def main() -> None:
@@ -149,6 +165,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.25)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--base-url", default=None,
+                        help="api: a running bench/api_server.py (http://127.0.0.1:PORT) instead of the in-process proxy")
     args = parser.parse_args()
     args.repo = args.repo.resolve()
     print(json.dumps(bench_embed(args) if args.variant == "embed" else bench_api(args)))

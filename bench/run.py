@@ -36,6 +36,8 @@ from report import RAW_EMBED, steady_state_overhead, write_doc  # noqa: E402
 Variant = Callable[[int], Run]
 OURS = "ours (dagster asset materialize)"
 RAW_GENERATE = "raw batched generate"
+DAFT_API = "Daft prompt (openai provider)"
+RAY_API = "Ray Data LLM HttpRequestProcessor (defaults)"
 PHASES = ("phase_cli_start_and_definitions_s", "phase_resource_init_s", "phase_step_raw_s", "phase_step_prepared_s",
           "phase_step_inferred_s", "phase_step_output_s", "phase_exit_s")
 
@@ -203,12 +205,16 @@ class ApiServer:
 
 
 def bench_api(knobs: Knobs) -> dict[str, Any]:
+    """Ours at `api_in_flight` (64: against the ideal in flight ÷ latency) and at `api_wide_in_flight` (1,000: beside
+    Daft's `prompt`, which sends every request at once), Daft and Ray Data, interleaved; then the client's CPU per
+    request (bench/infer_loop.py api: the infer step alone against the same server, ours and BENCH_BEFORE_TREE's)."""
     data = WORK / "data" / f"prompts-{knobs.api_requests}"
     write_prompts(data, knobs.api_requests)
     glob = str(data / "*.parquet")
     out = WORK / "out"
     server = ApiServer(knobs.api_latency)
-    spec = ours.api_spec("bench_api", data, ours.KEYS, knobs.api_in_flight)
+    narrow, wide = knobs.api_in_flight, knobs.api_wide_in_flight
+    specs = {n: ours.api_spec(f"bench_api_{n}", data, ours.KEYS, n) for n in (narrow, wide)}
     env = {"BENCH_OPENAI_BASE_URL": server.base + "/v1", "BENCH_OPENAI_KEY": "bench"}
 
     def measured(fn: Callable[[], Run]) -> Variant:
@@ -217,38 +223,67 @@ def bench_api(knobs: Knobs) -> dict[str, Any]:
             run = fn()
             stats = server.stats()
             run.result.update(requests=stats["served"], max_in_flight=stats["max_in_flight"],
-                              requests_per_s=stats["served"] / stats["window_s"] if stats["window_s"] else None)
+                              requests_per_s=stats["served"] / stats["window_s"] if stats["window_s"] else None,
+                              cpu_s=run.cpu_s)
             if run.rc == 0 and stats["served"] < knobs.api_requests:
                 run.rc = 99  # a variant that did not send every request has not done the job
                 run.log_tail += f"\nonly {stats['served']} of {knobs.api_requests} requests reached the server"
             return run
         return go
 
-    variants: dict[str, Variant] = {
-        f"ours ({knobs.api_in_flight} in flight)": measured(lambda: ours.materialize(spec, ours.KEYS, env=env)),
-    }
+    def ours_at(n: int, tree: Path | None = None) -> Variant:
+        return measured(lambda: ours.materialize(specs[n], ours.KEYS, env=env, tree=tree))
+
+    variants: dict[str, Variant] = {f"ours ({n} in flight)": ours_at(n) for n in (narrow, wide)}
+    if ours.before_tree():
+        variants.update({f"ours before ({ours.before_label()}, {n} in flight)": ours_at(n, ours.before_tree())
+                         for n in (narrow, wide)})
     if peers_ready(knobs):
-        variants["Daft prompt (openai provider)"] = measured(lambda: _peer(
+        variants[DAFT_API] = measured(lambda: _peer(
             "daft_api.py", ["--input", glob, "--output", _fresh(out / "daft_api"), "--base-url", server.base + "/v1"],
             "daft-api"))
-        variants["Ray Data LLM HttpRequestProcessor (defaults)"] = measured(lambda: _peer(
+    if peers_ready(knobs) and os.environ.get("BENCH_API_RAY", "1") == "1":  # 15 req/s: minutes at 4,000 requests
+        variants[RAY_API] = measured(lambda: _peer(
             "ray_api.py", ["--input", glob, "--output", _fresh(out / "ray_api"), "--url",
                            server.base + "/v1/chat/completions"], "ray-api",
             timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", 900))))
     try:
         runs = interleave(variants, knobs.repeats_for("api"))
+        client_cpu = {label: _client_cpu(server, knobs, wide, tree)
+                      for label, tree in [("ours", None)] + ([(f"before ({ours.before_label()})", ours.before_tree())]
+                                                            if ours.before_tree() else [])}
     finally:
         server.close()
-    res = describe(runs, ("requests_per_s", "max_in_flight", "requests", "inferred_s"))
-    ideal = knobs.api_in_flight / knobs.api_latency
+    res = describe(runs, ("requests_per_s", "max_in_flight", "requests", "inferred_s", "cpu_s"))
+    ideal = narrow / knobs.api_latency
     for name in res:
-        res[name]["vs_ideal"] = ratio(med(res, name, "requests_per_s"), ideal)
-    mine = med(res, f"ours ({knobs.api_in_flight} in flight)", "requests_per_s")
-    peer_rates = {n: med(res, n, "requests_per_s") for n in res if not n.startswith("ours")}
-    return {"requests": knobs.api_requests, "latency_s": knobs.api_latency, "in_flight": knobs.api_in_flight,
-            "ideal_requests_per_s": ideal, "repeats": knobs.repeats_for("api"), "variants": res,
-            "ratios": {"ours_vs_ideal": ratio(mine, ideal),
-                       **{f"ours_vs_{n}": ratio(mine, v) for n, v in peer_rates.items() if v}}}
+        res[name]["vs_ideal"] = ratio(med(res, name, "requests_per_s"), ideal) if f"({narrow} in" in name else None
+    mine, mine_wide = (f"ours ({n} in flight)" for n in (narrow, wide))
+    rate = med(res, mine, "requests_per_s")
+    peer_rates = {n: med(res, n, "requests_per_s") for n in (DAFT_API, RAY_API) if n in res}
+    ratios = {"ours_vs_ideal": ratio(rate, ideal),
+              **{f"ours_vs_{n}": ratio(rate, v) for n, v in peer_rates.items() if v},
+              # P4b: ours at 1,000 in flight beside Daft, which had them all in flight at once
+              "ours_wide_vs_daft_request_phase": ratio(med(res, mine_wide, "requests_per_s"), peer_rates.get(DAFT_API)),
+              "ours_wide_vs_daft_whole_process": ratio(med(res, DAFT_API), med(res, mine_wide)),
+              "client_cpu_ms_per_request": client_cpu["ours"].get("cpu_ms_per_request")}
+    return {"requests": knobs.api_requests, "latency_s": knobs.api_latency, "in_flight": narrow,
+            "wide_in_flight": wide, "ideal_requests_per_s": ideal, "repeats": knobs.repeats_for("api"),
+            "variants": res, "client_cpu": client_cpu, "ratios": ratios}
+
+
+def _client_cpu(server: ApiServer, knobs: Knobs, in_flight: int, tree: Path | None) -> dict[str, Any]:
+    """CPU seconds per request of the infer step alone (read and prepare done before; no Dagster), median of 3
+    repeats, from bench/infer_loop.py in its own process against the benchmark server."""
+    cmd = [str(OUR_PY), str(BENCH / "infer_loop.py"), "api", "--base-url", server.base, "--requests",
+           str(knobs.api_requests), "--in-flight", str(in_flight), "--latency", str(knobs.api_latency),
+           "--repeat", "3"] + (["--repo", str(tree)] if tree else [])
+    log(f"  client CPU per request ({'this tree' if tree is None else tree}, {in_flight} in flight)")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    return json.loads(lines[-1])
 
 
 # -- memory -------------------------------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ def test_bench_harness_at_tiny_sizes(tmp_path: Path) -> None:
     assert ours["failed_runs"] == 0 and ours["requests"]["median"] == 24  # every row reached the server once
     assert 0 < ours["max_in_flight"]["median"] <= 64
     assert api["ratios"]["ours_vs_ideal"] is not None
+    wide = api["variants"]["ours (1000 in flight)"]  # beside Daft: every request of the run may be in flight
+    assert wide["failed_runs"] == 0 and wide["requests"]["median"] == 24
+    assert api["client_cpu"]["ours"]["cpu_ms_per_request"] > 0  # the infer step alone, in its own process
 
     embed = json.loads((tmp_path / "results" / "embed.json").read_text())
     assert all(v["failed_runs"] == 0 for v in embed["variants"].values())
