@@ -241,7 +241,7 @@ def bench_api(knobs: Knobs) -> dict[str, Any]:
     if peers_ready(knobs):
         variants[DAFT_API] = measured(lambda: _peer(
             "daft_api.py", ["--input", glob, "--output", _fresh(out / "daft_api"), "--base-url", server.base + "/v1"],
-            "daft-api"))
+            "daft-api", timeout=float(os.environ.get("BENCH_PEER_TIMEOUT", 900))))
     if peers_ready(knobs) and os.environ.get("BENCH_API_RAY", "1") == "1":  # 15 req/s: minutes at 4,000 requests
         variants[RAY_API] = measured(lambda: _peer(
             "ray_api.py", ["--input", glob, "--output", _fresh(out / "ray_api"), "--url",
