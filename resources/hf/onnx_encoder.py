@@ -2,12 +2,11 @@
 behind the part of `SentenceTransformer`'s interface the providers use (`encode`, `tokenizer`, `max_seq_length`,
 `device`, `get_embedding_dimension`), without importing torch once the export is cached.
 
-Which backend runs a model (`backend: auto`, the default; `choose` in onnx_export.py): the first of `AUTO_ORDER` whose
-runtime is installed and
-whose vectors matched torch's on the probe (min cosine >= 0.9999, measured at export and kept in the cache's
-manifest); torch when none does, when the model runs on a GPU, or when it cannot be exported. The order is fixed
-by measurement on the CI machine kind (docs/BENCHMARKS.md, "Runtimes"): OpenVINO ran MiniLM faster than
-onnxruntime, and both faster than torch. A pinned backend that is not faithful, or not installed, fails the load
+Which backend runs a model (`backend: auto`, the default; `choose` in onnx_export.py): the first of `AUTO_ORDER`
+whose runtime is installed and whose vectors matched torch's on the probe (min cosine >= 0.9999, measured at export
+and kept in the cache's manifest); torch when none does, when the model runs on a GPU, or when it cannot be
+exported. The order is fixed by measurement on the CI machine kind (docs/BENCHMARKS.md, "Runtimes for encoders"):
+in a warmed process OpenVINO ran MiniLM faster than onnxruntime, and both faster than torch. A pinned backend that is not faithful, or not installed, fails the load
 with the reason.
 """
 
