@@ -135,7 +135,9 @@ def test_vllm_replicas_through_the_pipeline(replicas_env, tmp_path):
 
     companies = [f"Company {i}" for i in range(10)]
     write_csv(tmp_path / "data" / "p0.csv", ["customer_id", "company"], [[f"c{i}", n] for i, n in enumerate(companies)])
-    spec = make_spec(GENERATE_SPEC, tmp_path / "data", task={**GENERATE_SPEC["task"], "structured": None},
+    unconstrained = {**GENERATE_SPEC, "task": {k: v for k, v in GENERATE_SPEC["task"].items()
+                                               if k not in ("structured", "structured_column")}}
+    spec = make_spec(unconstrained, tmp_path / "data",
                      model={"provider": "vllm", "config": {"model": "m", "vllm_api": STANDIN_API}})
     assert run_pipeline(spec, tmp_path / "store", ["p0"]).success
     rows = read_output(spec, tmp_path / "store", "p0").to_pylist()
