@@ -176,10 +176,15 @@ def matching(storage: ArrowStorage, pipeline: str, stage: str, key: str, inputs:
     return record
 
 
-def published(spec: PipelineSpec, storage: ArrowStorage, key: str) -> dict[str, Any] | None:
+_UNSET: Any = object()
+
+
+def published(spec: PipelineSpec, storage: ArrowStorage, key: str, version: str | None = _UNSET
+              ) -> dict[str, Any] | None:
     """The output's record when the partition's published output already matches its current source and spec
-    (what a sensor or schedule asks before requesting a run); else None."""
-    version = source_version(spec, key)
+    (what a sensor or schedule asks before requesting a run); else None. `version`: the source version, when the
+    caller has it already."""
+    version = source_version(spec, key) if version is _UNSET else version
     inputs = Inputs(version, stage_code_version(spec, "output"))
     return matching(storage, spec.name, "output", key, inputs)
 

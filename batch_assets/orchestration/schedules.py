@@ -15,13 +15,13 @@ from zoneinfo import ZoneInfo
 
 import dagster as dg
 
-from batch_assets.orchestration import lineage
+from batch_assets.orchestration import claims, lineage
+from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.partitions import partitions_def_for
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import filesystem_for
 
-LAUNCHED_BY_TAG = "batch/launched_by"
 
 
 
@@ -77,10 +77,15 @@ def build_schedule(spec: PipelineSpec, job_name: str) -> dg.ScheduleDefinition |
         busy = lineage.runs_in_flight(context.instance, spec, job_name).get(day)
         if busy is not None:  # a sensor, a backfill or a user is making this day now
             return dg.SkipReason(f"day {day} is being made by {lineage.launched_by(busy)}; not launched twice")
-        record = lineage.published(spec, getattr(context.resources, STORAGE_KEY), day)
+        storage = getattr(context.resources, STORAGE_KEY)
+        version = lineage.source_version(spec, day)
+        record = lineage.published(spec, storage, day, version)
         if record is not None:
             return dg.SkipReason(f"day {day} is already published from the same source and spec (made by "
                                  f"{lineage.describe(record)}); nothing to do")
+        held = claims.claim(storage, context.instance, spec.name, job_name, day, "schedule", version)
+        if held is not None:  # a sensor evaluated at this same moment requested it
+            return dg.SkipReason(f"day {day}: {held.describe()}; not launched twice")
         return dg.RunRequest(run_key=day, partition_key=day, tags={LAUNCHED_BY_TAG: "schedule"})
 
     return _newest_day

@@ -32,11 +32,11 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets.orchestration import lineage
+from batch_assets.orchestration import claims, lineage
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.lineage import file_modified, file_version
 from batch_assets.orchestration.sample_data import ensure_sample
-from batch_assets.orchestration.schedules import LAUNCHED_BY_TAG
+from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.partitions import partitions_def_for
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import ArrowStorage, filesystem_for
@@ -157,20 +157,27 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
             by_key.setdefault(f.key, []).append(f)
     dynamic = isinstance(pdef, dg.DynamicPartitionsDefinition)
     requests, new_keys, rejected, adopted = [], [], [], {}
+    claimed: dict[str, claims.Claim] = {}
     for key, key_files in by_key.items():
-        for f in key_files:
-            seen[f.url] = f.version
         if not dynamic:
             with dg.partition_loading_context(dynamic_partitions_store=context.instance):
                 known = pdef.has_partition_key(key)
             if not known:  # e.g. a file named for a day outside the daily partitions
                 rejected.append(key)
+                _mark_seen(seen, key_files)
                 continue
-        record = lineage.published(spec, storage, key)
+        version = lineage.source_version(spec, key)
+        record = lineage.published(spec, storage, key, version)
         if record is not None:  # already published from this very file version (a backfill, a schedule, the UI)
             adopted[key] = record
             new_keys.append(key)
+            _mark_seen(seen, key_files)
             continue
+        held = claims.claim(storage, context.instance, spec.name, job_name, key, "sensor", version)
+        if held is not None:  # the schedule requested this day at this same moment: look again next tick
+            claimed[key] = held
+            continue
+        _mark_seen(seen, key_files)
         digest = hashlib.blake2b("|".join(f.version for f in key_files).encode(), digest_size=6).hexdigest()
         requests.append(dg.RunRequest(
             run_key=f"{key}@{digest}",
@@ -185,6 +192,9 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     if waiting_on:
         context.log.info("Not requested, another run is making them (looked at again next tick): " + ", ".join(
             f"{k}: {lineage.launched_by(r)}" for k, r in list(waiting_on.items())[:5]))
+    if claimed:
+        context.log.info("Not requested, another launch path requested them (looked at again next tick): " +
+                         ", ".join(f"{k}: {c.describe()}" for k, c in list(claimed.items())[:5]))
     if rejected:
         context.log.warning(f"{len(rejected)} file(s) match no partition of {spec.name} and are skipped: "
                             f"{', '.join(rejected[:5])}")
@@ -202,10 +212,15 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     if not requests and not add and not events and not rejected:
         # nothing to launch: still save the cursor (files adopted or waiting), with the reason as the tick's
         reason = (f"{len(adopted)} file(s) already published from the same version (adopted, no run)" if adopted
-                  else f"{len(waiting_on)} file(s) are being processed by other runs")
+                  else f"{len(waiting_on) + len(claimed)} file(s) are being processed by other runs")
         return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=encode_cursor(seen))
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=add, asset_events=events,
                            cursor=encode_cursor(seen))
+
+
+def _mark_seen(seen: dict[str, str], files: list[SourceFile]) -> None:
+    for f in files:
+        seen[f.url] = f.version
 
 
 def adoption_events(spec: PipelineSpec, storage: ArrowStorage, instance: dg.DagsterInstance,

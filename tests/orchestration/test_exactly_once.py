@@ -170,3 +170,53 @@ def test_the_latest_materialization_of_a_sharded_run_describes_the_whole_run(tmp
     assert md["run_partition_keys"] == ", ".join(hash_shard_keys(4))
     assert md["run_output_folder"] == str(store / spec.name / "output")
     assert md["dagster/row_count"] < 20  # its own shard's rows, as the partition view shows
+
+
+def test_a_schedule_and_a_sensor_evaluated_at_the_same_moment_request_a_day_once(tmp_path: Path) -> None:
+    """The race the daemon's scheduler and sensor threads run: one evaluation returns its RunRequest, and before the
+    daemon has created that run the other evaluates. Without a claim both request the day (two runs of it)."""
+    from dagster._core.test_utils import create_run_for_test
+
+    raw = _spec(tmp_path, schedule={"cron": "30 1 * * *"}, sensor={"min_age_seconds": 0})
+    spec, store = parse_spec(raw), tmp_path / "store"
+    for day in DAYS:
+        _old(tmp_path / "days" / f"{day}.jsonl")
+    at = dt.datetime(2026, 11, 3, 1, 30, tzinfo=dt.timezone.utc)  # the schedule's newest complete day is DAYS[1]
+    job = f"{spec.name}_job"
+    with dg.instance_for_test() as instance:
+        defs = build_definitions([spec])
+        schedule = defs.resolve_schedule_def(schedule_name(spec))
+
+        def schedule_tick():
+            with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
+                                           repository_def=defs.get_repository_def(),
+                                           resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
+                return schedule.evaluate_tick(context)
+
+        # the sensor first: it requests both days; the schedule, a moment later, sees no run yet, only the claim
+        ticker = Ticker(instance, raw, storage_root=str(store))
+        assert sorted(r.partition_key for r in ticker.tick().run_requests) == DAYS
+        held = schedule_tick()
+        assert not held.run_requests and "the sensor claimed it" in held.skip_message, held.skip_message
+        # the daemon creates the sensor's run, which fails: the claim is spent, the schedule may run the day
+        run = create_run_for_test(instance, job_name=job, status=dg.DagsterRunStatus.STARTED,
+                                  tags={"dagster/partition": DAYS[1], "batch/launched_by": "sensor"})
+        assert not schedule_tick().run_requests
+        instance.report_run_failed(run)
+        [request] = schedule_tick().run_requests
+        assert request.partition_key == DAYS[1]
+
+    # the other order, on a fresh instance and storage: the schedule first, then the sensor leaves the day alone,
+    # keeps its file unseen, and adopts it once the schedule's run has published it
+    store = tmp_path / "store2"
+    with dg.instance_for_test() as instance:
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
+                                       repository_def=defs.get_repository_def(),
+                                       resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
+            [request] = schedule.evaluate_tick(context).run_requests
+        ticker = Ticker(instance, raw, storage_root=str(store))
+        assert [r.partition_key for r in ticker.tick().run_requests] == [DAYS[0]]
+        assert str(tmp_path / "days" / f"{DAYS[1]}.jsonl") not in "".join(decode_cursor(ticker.cursor))
+        run_pipeline(spec, store, [DAYS[1]], instance=instance)  # the schedule's run
+        after = ticker.tick()
+        assert not after.run_requests and "adopted" in (after.skip_message or ""), after.skip_message
