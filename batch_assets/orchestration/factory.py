@@ -16,11 +16,11 @@ reader's gain. Stage logic, checks, pools, lineage and metadata live in their ow
 
 from __future__ import annotations
 
-import copy
+import threading
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 import dagster as dg
 
@@ -29,6 +29,7 @@ from batch_assets.orchestration import evaluation, lineage
 from batch_assets.orchestration.automation import automation_condition
 from batch_assets.orchestration.checks import blocking_check_results, blocking_check_specs
 from batch_assets.orchestration.lineage import stage_code_version
+from batch_assets.orchestration.overlap import partition_window_rows, run_overlapped
 from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
 from batch_assets.orchestration.progress import PartitionProgress
 from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
@@ -87,7 +88,7 @@ def backfill_policy(spec: PipelineSpec) -> dg.BackfillPolicy:
 
 def run_partitions(
     context: dg.AssetExecutionContext, spec: PipelineSpec, stage_fn: Callable[[str], PartitionReport],
-    stage: str | None = None,
+    stage: str | None = None, window_rows: int = 0, rows_of: Callable[[str], int] | None = None,
 ) -> list[PartitionReport]:
     """Run one stage over every partition of the run, in order; each partition gets its own metadata (also in a
     single-run backfill, so the partition view and the plots are per partition).
@@ -100,36 +101,58 @@ def run_partitions(
     backfill from failure (or backfilling missing partitions) only does what is left. Bad input (PipelineError) is
     located (pipeline, partition) and fails without retries: rerunning cannot fix it. Anything else (network,
     worker loss) fails the step normally, so the step's RetryPolicy retries it with backoff.
+
+    `window_rows` > 0 (the infer stage of a provider with a shared request gate): partitions overlap, the next one
+    starting while the unfinished ones hold fewer rows (`rows_of`) than that (batch_assets/orchestration/overlap.py);
+    partitions running when one fails are finished and recorded too.
     """
     reports: list[PartitionReport] = []
     keys = context.partition_keys
     storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
     root = storage.resolved_root()
     stage = stage or context.asset_key.path[-1]
-    for key in keys:
-        try:
-            with partition_lock(root, spec.name, stage, key, on_wait=context.log.info):
-                report = _skip_or_run(context, spec, storage, stage, key, stage_fn)
-        except PipelineError as exc:
-            _record_finished(context, reports, failed_key=key)
-            located = exc.located(pipeline=spec.name, partition=key)
-            if exc.retryable:  # a stage that knows its failure is transient says so
-                raise located from None
-            raise dg.Failure(
-                description=str(located),
-                metadata={"pipeline": spec.name, "partition": key, "file": located.file or "",
-                          "column": located.column or "", "row": str(located.row or "")},
-                allow_retries=False,
-            ) from located
-        except BaseException:
-            _record_finished(context, reports, failed_key=key)
-            raise
+
+    def locked(key: str) -> PartitionReport:
+        with partition_lock(root, spec.name, stage, key, on_wait=context.log.info):
+            return _skip_or_run(context, spec, storage, stage, key, stage_fn)
+
+    def done(key: str, report: PartitionReport) -> None:
         if report.schema is None and report.path.endswith(".parquet"):
             report.schema = parquet_schema(report.path)
         reports.append(report)
         # every partition its own metadata, also in a single-run backfill: per-partition views and plots
         context.add_asset_metadata(partition_metadata(report), partition_key=key)
+
+    if window_rows > 0 and len(keys) > 1 and rows_of is not None:
+        failure = run_overlapped(keys, locked, rows_of, window_rows, done, lambda key, exc: context.log.error(
+            f"{spec.name}/{stage} [{key}] also failed: {exc}"))
+        if failure is not None:
+            _fail(context, spec, reports, *failure)
+        return reports
+    for key in keys:
+        try:
+            report = locked(key)
+        except BaseException as exc:
+            _fail(context, spec, reports, key, exc)
+        done(key, report)
     return reports
+
+
+def _fail(context: dg.AssetExecutionContext, spec: PipelineSpec, reports: list[PartitionReport], key: str,
+          exc: BaseException) -> NoReturn:
+    """Record the partitions that finished, then fail the step for partition `key`: bad input without retries."""
+    _record_finished(context, reports, failed_key=key)
+    if not isinstance(exc, PipelineError):
+        raise exc
+    located = exc.located(pipeline=spec.name, partition=key)
+    if exc.retryable:  # a stage that knows its failure is transient says so
+        raise located from None
+    raise dg.Failure(
+        description=str(located),
+        metadata={"pipeline": spec.name, "partition": key, "file": located.file or "",
+                  "column": located.column or "", "row": str(located.row or "")},
+        allow_retries=False,
+    ) from located
 
 
 def _force_rerun(context: dg.AssetExecutionContext) -> bool:
@@ -178,12 +201,12 @@ def _record_finished(context: dg.AssetExecutionContext, reports: list[PartitionR
         context.log_event(dg.AssetMaterialization(
             asset_key=context.asset_key,
             partition=report.key,
-            description=f"Finished before partition {failed_key!r} failed in the same run.",
+            description=f"Finished in the same run as partition {failed_key!r}, which failed.",
             metadata=partition_metadata(report),
         ))
     if reports:
         context.log.warning(
-            f"Partition {failed_key!r} failed; {len(reports)} partition(s) finished before it are recorded as "
+            f"Partition {failed_key!r} failed; {len(reports)} partition(s) finished in the run are recorded as "
             "materialized, so re-executing the backfill from failure redoes only the rest."
         )
 
@@ -384,32 +407,35 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         except (ModelLoadError, ImportError) as exc:  # a retry of the step would load and fail the same way
             raise dg.Failure(description=f"pipeline {spec.name!r}: {exc}", metadata={"pipeline": spec.name},
                              allow_retries=False) from None
+        model = provider
         if spec.runtime.response_cache:
             provider = cached(provider, ResponseCache(storage.resolved_root()))
         describe = provider.describe()
         device = _device(spec, provider, describe)
-        stats = InferStats()
+        stats = InferStats()  # the run's: each partition counts into its own, merged in as it finishes
+        merging = threading.Lock()
         confusions: dict[str, evaluation.Confusion] = {}
         inputs = task_type(spec).source_columns(spec)
 
         def one(key: str) -> PartitionReport:
+            # partitions may be inferred at once (overlap.py): everything counted here is this partition's own
             total = parquet_rows(upstream_url(storage, spec.name, "prepared", key))
             progress = PartitionProgress(context.log, f"{spec.name}/inferred [{key}]", total,
                                          every_s=spec.runtime.progress_every_s)
-            stats.listeners[:] = [lambda _stats, rows: progress.add(rows)]
-            before = copy.copy(stats)
-            cache_before = (provider.hits, provider.misses) if isinstance(provider, CachedProvider) else None
-            report = run_infer(spec, storage, key, provider, stats)
-            delta = counter_delta(stats, before)
-            if cache_before is not None:
-                delta["cache_hits"] = provider.hits - cache_before[0]
-                delta["cache_misses"] = provider.misses - cache_before[1]
+            part = InferStats(listeners=[lambda _stats, rows: progress.add(rows)])
+            caller = cached(model, ResponseCache(storage.resolved_root())) if spec.runtime.response_cache else model
+            report = run_infer(spec, storage, key, caller, part)
+            delta = counter_delta(part, InferStats())
+            if isinstance(caller, CachedProvider):
+                delta["cache_hits"], delta["cache_misses"] = caller.hits, caller.misses
+            with merging:
+                stats.merge(part)
             progress.finish(delta.get("rows_with_errors"))
             report.extra.update(infer_partition_metadata(spec, describe, device, delta))
             if spec.prepare.trial:  # a trial's rows only (stages/trial.py): never the partition's full output
                 report.extra["trial"] = True
-            if stats.error_samples:
-                report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in stats.error_samples))
+            if part.error_samples:
+                report.extra["error_samples"] = dg.MetadataValue.md("\n".join(f"- {e}" for e in part.error_samples))
             if report.extra.get("labels_never_predicted"):
                 context.log.warning(
                     f"{spec.name} partition {key!r}: the model never predicted label(s) "
@@ -427,8 +453,10 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             return report
 
         pool = infer_pool(spec)
+        window = partition_window_rows(model, spec.runtime.chunk_rows)
         with host_pool_slot(context.instance, pool, context.log) if pool else nullcontext():
-            reports = run_partitions(context, spec, one)
+            reports = run_partitions(context, spec, one, window_rows=window, rows_of=lambda key: parquet_rows(
+                upstream_url(storage, spec.name, "prepared", key)))
         # Error samples are per partition (in each partition's metadata, added by `one`): run-level metadata is
         # merged into every partition's event, so a run-wide list here would show one day's rows on every day.
         if spec.evaluation is not None:  # partitions skipped as already made are scored from their file

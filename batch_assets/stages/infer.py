@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
@@ -90,6 +90,13 @@ class InferStats:
             self.chunks_computed += 1
         for listener in self.listeners:
             listener(self, n)
+
+    def merge(self, part: InferStats) -> None:
+        """Add one partition's counts (counted in its own InferStats) to the run's."""
+        for f in fields(self):
+            if isinstance(getattr(self, f.name), int):
+                setattr(self, f.name, getattr(self, f.name) + getattr(part, f.name))
+        self.run_error_samples.extend(part.run_error_samples[:max(0, 5 - len(self.run_error_samples))])
 
     def note_errors(self, ids: list[str], errors: list[str | None]) -> None:
         for row_id, err in zip(ids, errors):

@@ -237,6 +237,12 @@ class OpenAICompatibleProvider(ModelResource):
         across chunk boundaries (no drain at the end of a chunk), while memory stays bounded to those chunks."""
         return max(2, -(-2 * self.max_concurrency // max(1, chunk_rows)) + 1)
 
+    def partition_window_rows(self, chunk_rows: int) -> int:
+        """Rows the infer stage may have queued across the partitions of a run (batch_assets/orchestration/
+        overlap.py): the next partition starts while the unfinished ones hold fewer, so the window stays full at
+        partition boundaries and with partitions smaller than `max_concurrency`; the gate still bounds requests."""
+        return self.chunks_in_flight(chunk_rows) * chunk_rows
+
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def load(self) -> _Loaded:
         try:

@@ -8,6 +8,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
@@ -140,6 +141,63 @@ def test_the_request_window_spans_chunk_boundaries(tmp_path: Path) -> None:
     assert proxy.max_in_flight == 6  # full window, never more than max_concurrency
     rows = pq.read_table(tmp_path / "store" / "answers" / "output" / "a.parquet").to_pylist()
     assert [r["generated_text"] for r in rows] == [f"echo:{t}" for t in texts]  # in order, one each
+
+
+KEYS = ["a", "b", "c", "d"]
+
+
+def _partitioned_spec(tmp_path: Path, proxy: FaultProxy, rows: int, **config: Any):
+    texts = {k: [f"Row {k}{i}: name one colour." for i in range(rows)] for k in KEYS}
+    for k in KEYS:
+        write_jsonl(tmp_path / "data" / f"{k}.jsonl", [{"doc_id": f"{k}{i}", "text": t} for i, t in enumerate(texts[k])])
+    model = {"provider": "openai", "config": {"model": "smollm2", "base_url": proxy.url, "backoff_base_s": 0.05,
+                                              "backoff_max_s": 0.2, **config}}
+    spec = make_spec(SPEC, tmp_path / "data", model=model, runtime={"chunk_rows": 4},
+                     partitioning={"kind": "static", "keys": KEYS}, retries={"max_retries": 0})
+    return spec, texts
+
+
+def _materialized(result, stage: str) -> dict[str, dict]:
+    return {e.event_specific_data.materialization.partition: e.event_specific_data.materialization.metadata
+            for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"
+            and e.event_specific_data.materialization.asset_key.path[-1] == stage}
+
+
+def test_the_request_window_spans_partition_boundaries(tmp_path: Path) -> None:
+    """Four partitions of 6 rows in one run at max_concurrency 12: one at a time, a partition's 6 rows were all that
+    could be in flight and each partition drained before the next began; overlapped, the window is full."""
+    with FaultProxy(lambda key, n: Echo(delay_s=0.3)) as proxy:
+        spec, texts = _partitioned_spec(tmp_path, proxy, rows=6, max_concurrency=12)
+        result = run_pipeline(spec, tmp_path / "store", KEYS)
+        assert result.success
+    assert 6 < proxy.max_in_flight <= 12  # more than one partition's rows at once, never more than max_concurrency
+    part_of = {t: k for k in KEYS for t in texts[k]}
+    last_answer = {k: max(a.finished for a in proxy.attempts if part_of[a.key] == k) for k in KEYS}
+    assert any(part_of[a.key] == "b" and a.arrived < last_answer["a"] for a in proxy.attempts)
+    metadata = _materialized(result, "inferred")
+    for k in KEYS:  # each partition's own rows, file and counts, though they ran at once
+        rows = pq.read_table(tmp_path / "store" / "answers" / "output" / f"{k}.parquet").to_pylist()
+        assert [r["generated_text"] for r in rows] == [f"echo:{t}" for t in texts[k]]
+        assert metadata[k]["requests"].value == 6 and metadata[k]["dagster/row_count"].value == 6
+    assert len(proxy.attempts) == 24
+
+
+def test_a_partition_failing_among_overlapping_ones_fails_the_step_and_keeps_the_others(tmp_path: Path) -> None:
+    def script(key: str, n: int):
+        if key.startswith("Row b"):  # partition b: the endpoint refuses every row alike
+            return Respond(400, {"error": {"message": "max_tokens is too large"}})
+        return Echo(delay_s=0.2)
+
+    with FaultProxy(script) as proxy, dg.instance_for_test() as instance:
+        spec, texts = _partitioned_spec(tmp_path, proxy, rows=6, max_concurrency=12, max_attempts=1)
+        result = run_pipeline(spec, tmp_path / "store", KEYS, instance=instance, raise_on_error=False)
+        assert not result.success and "failed the same way: HTTP 400" in _failure_text(result)
+        # the partitions running beside b were finished (their requests were paid for) and recorded as materialized
+        assert instance.get_materialized_partitions(dg.AssetKey(["answers", "inferred"])) == {"a", "c", "d"}
+    for k in ("a", "c", "d"):
+        assert pq.read_table(tmp_path / "store" / "answers" / "inferred" / f"{k}.parquet").num_rows == 6
+    assert not (tmp_path / "store" / "answers" / "inferred" / "b.parquet").exists()
+    assert not (tmp_path / "store" / "answers" / "output").exists()
 
 
 def _warm_up(server) -> None:
