@@ -44,14 +44,17 @@ def run_overlapped(keys: Sequence[str], work: Callable[[str], Any], rows_of: Cal
     try:
         while handed < (len(keys) if failure is None else len(started)):
             while failure is None and len(started) < len(keys) and len(started) - handed < limit:
-                busy_rows = sum(rows for _, rows, f in started[handed:] if not f.done())
-                if started[handed:] and busy_rows >= window_rows:
+                waiting = started[handed:]
+                if any(f.done() and f.exception() is not None for _, _, f in waiting):
+                    break  # one has failed (not yet handed back, it is behind the head): start nothing more
+                busy_rows = sum(rows for _, rows, f in waiting if not f.done())
+                if waiting and busy_rows >= window_rows:
                     break
                 key = keys[len(started)]
                 started.append((key, rows_of(key), pool.submit(work, key)))
             key, _, head = started[handed]
-            if not head.done():
-                wait([f for _, _, f in started[handed:]], return_when=FIRST_COMPLETED)
+            if not head.done():  # sleep until one that is still running finishes (never on one already done: a spin)
+                wait([f for _, _, f in started[handed:] if not f.done()], return_when=FIRST_COMPLETED)
                 continue
             handed += 1
             exc = head.exception()

@@ -12,9 +12,10 @@ the sha256 of the graph, and the fidelity of each runtime, min cosine against to
   torch, transformers, sentence-transformers, onnx, onnxruntime and openvino. Any change exports again.
 - Where: `$BATCH_ONNX_CACHE` if set, else `<model folder>/.onnx-cache/` if writable, else
   `~/.cache/batch-assets/onnx/`.
-- Written atomically: exported into a temporary folder and renamed into place, under a file lock, so two processes
-  exporting at once leave one complete folder (the second one waits and reuses it). A folder whose manifest does not
-  parse or whose graph's sha256 differs is corrupt: it is removed and exported again, never used.
+- Written atomically, once across processes (resources/hf/cache_folder.py, shared with the GGUF cache): exported into
+  a temporary folder and renamed into place, under a file lock, so two processes exporting at once leave one complete
+  folder (the second one waits and reuses it). A folder whose manifest does not parse or whose graph's sha256 differs
+  is corrupt: it is removed under the lock and exported again, never used.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from resources.hf.cache_folder import ensure_folder
 from resources.hf.onnx_encoder import FIDELITY_MIN, Exported, ExportedEncoder, min_cosine
 
 FORMAT = 1
@@ -105,9 +105,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_cache(folder: Path, remove_corrupt: bool = False) -> Exported | None:
-    """The cache folder if it is complete and intact, else None. A corrupt one is removed when `remove_corrupt`
-    (only under the key's lock: a reader without it could remove a fresh export that replaced what it read)."""
+def read_cache(folder: Path) -> Exported | None:
+    """The cache folder if it is complete and intact, else None (cache_folder.py removes and rebuilds it under the
+    key's lock)."""
     if not folder.exists():
         return None
     try:
@@ -119,37 +119,20 @@ def read_cache(folder: Path, remove_corrupt: bool = False) -> Exported | None:
                 raise ValueError("graph or tokenizer differs from the manifest")
         return Exported(folder, manifest)
     except (OSError, ValueError, KeyError, TypeError):
-        if remove_corrupt:
-            shutil.rmtree(folder, ignore_errors=True)
         return None
 
 
 def ensure_exported(name: str, folder: Path) -> Exported:
-    """The cached export of the model in `folder` (exported now when missing or corrupt). An export that failed is
-    cached too (its manifest says why), so a model that cannot be exported costs one attempt per key."""
-    from filelock import FileLock
+    """The cached export of the model in `folder` (exported now when missing or corrupt, once across processes:
+    resources/hf/cache_folder.py). An export that failed is cached too (its manifest says why), so a model that
+    cannot be exported costs one attempt per key."""
 
-    root = cache_root(folder)
-    key = cache_key(name, folder)
-    target = root / key
+    def build(out: Path) -> None:
+        manifest = export(folder, out)
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+    target = ensure_folder(cache_root(folder), cache_key(name, folder), lambda f: read_cache(f) is not None, build)
     found = read_cache(target)
-    if found is not None:
-        return found
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{key}.lock")):
-        found = read_cache(target, remove_corrupt=True)  # another process may have exported it meanwhile
-        if found is not None:
-            return found
-        for stale in root.glob(f".export-{key}-*"):  # left by a process killed while exporting
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".export-{key}-", dir=root))
-        try:
-            manifest = export(folder, tmp)
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        found = read_cache(target)
     if found is None:
         raise RuntimeError(f"the ONNX export of {name!r} in {target} did not read back")
     return found

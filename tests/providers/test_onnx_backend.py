@@ -109,7 +109,7 @@ def test_a_corrupt_cache_is_exported_again_by_two_processes_at_once_never_used(e
     again = read_cache(cache / key)
     assert again is not None and digests == {again.manifest["sha256"]}
     assert again.faithful("onnx") and again.faithful("openvino")
-    assert [p.name for p in cache.iterdir() if p.name.startswith(".export-")] == []  # no half-written folder left
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == []  # no half-written folder left
     manifest = json.loads((cache / key / "manifest.json").read_text())
     assert manifest["tokenizer_matches"] is True and manifest["max_seq_length"] == 256
     os.environ[CACHE_ENV] = str(cache)
