@@ -23,8 +23,6 @@ from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import filesystem_for
 
 
-
-
 def schedule_name(spec: PipelineSpec) -> str:
     return f"{spec.name}_newest_day_schedule"
 

@@ -33,10 +33,10 @@ from typing import Any
 import dagster as dg
 
 from batch_assets.orchestration import claims, lineage
+from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.lineage import file_modified, file_version
 from batch_assets.orchestration.sample_data import ensure_sample
-from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.partitions import partitions_def_for
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import ArrowStorage, filesystem_for
