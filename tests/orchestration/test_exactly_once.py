@@ -73,6 +73,15 @@ def test_a_published_partition_is_not_inferred_again_unless_its_file_changes_or_
         assert len(model_trace(log)[1]) == 6 + 4 + 3, "a forced rerun infers again"
 
 
+def _schedule_tick(instance: dg.DagsterInstance, spec, store: Path, at: dt.datetime):
+    """Evaluate the pipeline's schedule as the daemon would at `at`, against the storage root `store`."""
+    defs = build_definitions([spec])
+    with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
+                                   repository_def=defs.get_repository_def(),
+                                   resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
+        return defs.resolve_schedule_def(schedule_name(spec)).evaluate_tick(context)
+
+
 def test_a_sensor_first_tick_adopts_what_a_backfill_published(tmp_path: Path) -> None:
     raw = _spec(tmp_path, sensor={"min_age_seconds": 0})
     spec, store, log = parse_spec(raw), tmp_path / "store", tmp_path / "model.log"
@@ -102,14 +111,9 @@ def test_a_schedule_does_not_run_a_day_another_launch_path_is_making_or_made(tmp
     spec, store = parse_spec(raw), tmp_path / "store"
     at = dt.datetime(2026, 11, 3, 1, 30, tzinfo=dt.timezone.utc)  # the newest complete day is DAYS[1]
     with dg.instance_for_test() as instance:
-        defs = build_definitions([spec])
-        schedule = defs.resolve_schedule_def(schedule_name(spec))
 
         def tick():
-            with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
-                                           repository_def=defs.get_repository_def(),
-                                           resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
-                return schedule.evaluate_tick(context)
+            return _schedule_tick(instance, spec, store, at)
 
         sensor_run = create_run_for_test(instance, job_name=f"{spec.name}_job", status=dg.DagsterRunStatus.STARTED,
                                          tags={"dagster/partition": DAYS[1], "batch/launched_by": "sensor"})
@@ -184,14 +188,9 @@ def test_a_schedule_and_a_sensor_evaluated_at_the_same_moment_request_a_day_once
     at = dt.datetime(2026, 11, 3, 1, 30, tzinfo=dt.timezone.utc)  # the schedule's newest complete day is DAYS[1]
     job = f"{spec.name}_job"
     with dg.instance_for_test() as instance:
-        defs = build_definitions([spec])
-        schedule = defs.resolve_schedule_def(schedule_name(spec))
 
         def schedule_tick():
-            with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
-                                           repository_def=defs.get_repository_def(),
-                                           resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
-                return schedule.evaluate_tick(context)
+            return _schedule_tick(instance, spec, store, at)
 
         # the sensor first: it requests both days; the schedule, a moment later, sees no run yet, only the claim
         ticker = Ticker(instance, raw, storage_root=str(store))
@@ -210,10 +209,7 @@ def test_a_schedule_and_a_sensor_evaluated_at_the_same_moment_request_a_day_once
     # keeps its file unseen, and adopts it once the schedule's run has published it
     store = tmp_path / "store2"
     with dg.instance_for_test() as instance:
-        with dg.build_schedule_context(instance=instance, scheduled_execution_time=at,
-                                       repository_def=defs.get_repository_def(),
-                                       resources={STORAGE_KEY: ArrowStorage(root=str(store))}) as context:
-            [request] = schedule.evaluate_tick(context).run_requests
+        [request] = _schedule_tick(instance, spec, store, at).run_requests
         ticker = Ticker(instance, raw, storage_root=str(store))
         assert [r.partition_key for r in ticker.tick().run_requests] == [DAYS[0]]
         assert str(tmp_path / "days" / f"{DAYS[1]}.jsonl") not in "".join(decode_cursor(ticker.cursor))
