@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import DAEMON_GROUP, free_port
+from tests.conftest import DAEMON_GROUP, RUNNING_IN_CI, free_port
 from tests.daemon_helpers import (
     ROOT, TERMINAL_RUN_STATUSES, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
 )
@@ -44,7 +44,7 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
 
     if not Path(CHROMIUM).exists():
         missing = "Debian's chromium is missing: run `make install-test`"
-        if os.environ.get("CI"):
+        if RUNNING_IN_CI:
             pytest.fail(f"CI is set and {missing}")
         pytest.skip(missing)
 
