@@ -5,7 +5,9 @@ the user's own pipeline files in its batch_assets/pipelines/ (so the Component p
 user's environment (tests.conftest.user_env: no `CI`, no thread caps, no test-only daemon patch), a fresh home
 folder (no ~/intel consent file: OpenVINO counts that as consent) and a cold ONNX export cache (the export and
 OpenVINO's first load run): an embedding run and an API run (`dg launch`), then `make ui` (the webserver and the
-daemon) with a sensor tick that launches a run. Every Python process and its forks carry an audit hook
+daemon) with a sensor tick, a schedule tick and a backfill, each making its run. This is also the end-to-end test of
+each launch path with exactly a user's environment (issue 23, item 5): no `CI`, no thread caps, Dagster's own 30 s
+backfill-daemon interval and 5 s run queue, Component pipelines on (no BATCH_PIPELINES_DIR). Every Python process and its forks carry an audit hook
 (tests/daemon_site/net_audit.py) that records each name look-up of, or connection to, a host that is not this
 machine; the test asserts there was none, and that every process exited.
 
@@ -16,6 +18,7 @@ and ~/intel/openvino_ga_cid appeared in the fresh home folder.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -86,7 +89,15 @@ def test_no_process_reaches_outside_and_every_process_exits(tmp_path: Path, llam
         "model": {"provider": "sentence_transformers"},
         "sensor": {"min_age_seconds": 0, "interval_seconds": 5},
     }
-    for spec in (embed, api, inbox):
+    today = dt.datetime.now(dt.timezone.utc).date()
+    days = [str(today - dt.timedelta(days=n)) for n in (2, 1, 0)]  # today's too, in case UTC midnight passes
+    for day in days:
+        write_jsonl(data / "days" / f"{day}.jsonl", docs_rows(f"{day}-", 2))
+    daily = {**{k: v for k, v in inbox.items() if k != "sensor"}, "name": "daily_docs",
+             "schedule": {"cron": "* * * * *"},  # a tick every minute
+             "source": {**inbox["source"], "path": f"{data}/days/{{partition}}.jsonl"},
+             "partitioning": {"kind": "daily", "start_date": days[0]}}
+    for spec in (embed, api, inbox, daily):
         (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
     home, dagster_home = tmp_path / "user-home", project / ".dagster_home"
@@ -124,14 +135,25 @@ def test_no_process_reaches_outside_and_every_process_exits(tmp_path: Path, llam
     try:
         wait_ready(port, ui, log, seconds=180)
         write_jsonl(data / "inbox" / "drop-1.jsonl", docs_rows("d", 3))
+        write_jsonl(data / "docs" / "b.jsonl", docs_rows("b", 4))
+        # 4. a backfill through the daemon, which picks it up at Dagster's own interval (30 s: no test patch here)
+        backfill = subprocess.run([sys.executable, "-m", "batch_assets.launch", "backfill", "docs", "--partitions",
+                                   "b"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        assert backfill.returncode == 0, backfill.stdout[-2000:] + backfill.stderr[-2000:]
         with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
-            def sensor_run():
-                runs = [r for r in instance.get_runs() if r.tags.get("batch/launched_by") == "sensor"]
+            def finished(launched_by: str):
+                runs = [r for r in instance.get_runs() if r.tags.get("batch/launched_by") == launched_by
+                        or launched_by == "backfill" and r.tags.get("dagster/backfill")]
                 return runs[0] if runs and runs[0].is_finished else None
 
-            run = wait_for("the sensor's run to finish", sensor_run, log, 300, interval=2)
-            assert run.status == dg.DagsterRunStatus.SUCCESS, log_tail(log, 4000)
+            for launched_by in ("sensor", "schedule", "backfill"):
+                run = wait_for(f"the {launched_by}'s run to finish", lambda by=launched_by: finished(by), log, 400, 2)
+                assert run.status == dg.DagsterRunStatus.SUCCESS, (launched_by, log_tail(log, 4000))
+                if launched_by == "schedule":
+                    scheduled_day = run.tags["dagster/partition"]
         assert len(pq.read_table(store / "inbox_docs" / "output" / "drop-1.parquet")) == 3
+        assert len(pq.read_table(store / "daily_docs" / "output" / f"{scheduled_day}.parquet")) == 2
+        assert len(pq.read_table(store / "docs" / "output" / "b.parquet")) == 4
 
         # Ctrl-C in the terminal: SIGINT to the foreground process group; every process of it exits
         os.killpg(ui.pid, signal.SIGINT)
