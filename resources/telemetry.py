@@ -19,8 +19,8 @@ is imported (they read their switches at import time), in the code server, every
   daemon upload) and the Makefile's `DAGSTER_DISABLE_TELEMETRY` keep them quiet.
 - onnxruntime reports only on Windows (ETW); resources/hf/onnx_encoder.py turns that off where it loads a session.
 
-The variables are set in `os.environ`, so every process the product starts (step processes, pods launched from
-here, the llama.cpp or vLLM server a user starts from a run) inherits them.
+The variables are set in `os.environ`, so every process the product starts (run workers, step processes, Kubernetes
+Jobs launched from here take the pod's own environment: each pod imports the product itself) inherits them.
 """
 
 from __future__ import annotations

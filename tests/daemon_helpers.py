@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -256,8 +257,6 @@ def with_net_audit(env: Mapping[str, str], audit_file: Path) -> dict[str, str]:
 def project_copy(dest: Path) -> Path:
     """The project as a user has it, in `dest`: its package copied (so a scaffold or a user's own pipeline file lands
     in the copy's batch_assets/, never in the checkout other tests load), the rest linked."""
-    import shutil
-
     dest.mkdir(parents=True)
     shutil.copytree(ROOT / "batch_assets", dest / "batch_assets", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
