@@ -209,8 +209,7 @@ def user_env(**extra: str) -> dict[str, str]:
     """Exactly the environment a user's shell has, for the end-to-end test of a launch path: this process's, less
     what the suite adds for its own sake (the thread caps above, pytest's and pytest-xdist's variables, the suite's
     own `BATCH_TESTS_*`, the telemetry switches the product set in this process); the CI variables are gone
-    already (above). `extra` is the test's own setting (a
-    DAGSTER_HOME, a storage root), as a user would export them."""
+    already (above). `extra` is the test's own settings (a DAGSTER_HOME, a storage root), as a user exports them."""
     user_set = set(os.environ[USER_SET_SWITCHES_ENV].split(","))
     suite_only = SET_FOR_SPEED | {RUNNING_IN_CI_ENV, UNITS_DIR_ENV} | (set(OFF_SWITCHES) - user_set)
     env = {k: v for k, v in os.environ.items()
