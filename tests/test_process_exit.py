@@ -72,3 +72,46 @@ def test_a_stuck_daemonic_child_does_not_hold_a_finished_process(tmp_path: Path,
     state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{child}").exists() \
         else "gone"
     assert state in ("gone", "Z"), state
+
+
+THREAD_SCRIPT = textwrap.dedent('''
+    import multiprocessing, sys, threading, time
+
+    import batch_assets
+
+    def leave_a_stuck_thread():
+        # a library's non-daemon thread that never ends (Python joins it at exit, without a timeout)
+        threading.Thread(target=time.sleep, args=(3600,), name="stuck-library-thread").start()
+        print("done", flush=True)
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "main":
+            leave_a_stuck_thread()
+        else:
+            step = multiprocessing.get_context("fork").Process(target=leave_a_stuck_thread)
+            step.start()
+            step.join()
+            print("step exited", step.exitcode, flush=True)
+''')
+
+
+@pytest.mark.parametrize("where", ["main", "step"])
+def test_a_stuck_non_daemon_thread_does_not_hold_a_finished_process(tmp_path: Path, where: str) -> None:
+    """Shown red once: without the `threading._register_atexit` hook both cases ran into the 120 s timeout."""
+    script = tmp_path / "leaves_a_thread.py"
+    script.write_text(THREAD_SCRIPT)
+    env = user_env(BATCH_EXIT_STUCK_AFTER_S="2")  # the default 60 s is for real programs
+    proc = subprocess.Popen([sys.executable, str(script), where], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the process did not exit within 120 s of finishing:\n{out}\n{err[-2000:]}") from None
+    assert "done" in out
+    assert "still held by" in err and "stuck-library-thread" in err, err[-2000:]
+    if where == "main":
+        assert proc.returncode == 1  # ended, and says it did not end cleanly
+    else:
+        assert "step exited 1" in out and proc.returncode == 0, (out, err[-2000:])
