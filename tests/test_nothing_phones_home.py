@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from tests.conftest import DAEMON_GROUP, EMBED_SPEC, docs_rows, free_port, user_env, write_csv, write_jsonl
-from tests.daemon_helpers import ROOT, log_tail, project_copy, wait_for, wait_ready, with_net_audit
+from tests.daemon_helpers import ROOT, graphql, log_tail, project_copy, wait_for, wait_ready, with_net_audit
 from resources.telemetry import OFF_SWITCHES
 from tests.daemon_site import net_audit
 
@@ -134,6 +134,8 @@ def test_no_process_reaches_outside_and_every_process_exits(tmp_path: Path, llam
                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(port, ui, log, seconds=180)
+        groups = {n["groupName"] for n in graphql(port, "{ assetNodes { groupName } }")["assetNodes"]}
+        assert {"docs", "companies_api", "inbox_docs", "daily_docs", "document_search"} <= groups, groups  # Components on
         write_jsonl(data / "inbox" / "drop-1.jsonl", docs_rows("d", 3))
         write_jsonl(data / "docs" / "b.jsonl", docs_rows("b", 4))
         # 4. a backfill through the daemon, which picks it up at Dagster's own interval (30 s: no test patch here)
