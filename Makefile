@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed-core
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# The webserver and daemon of `make ui` upload Dagster's usage log unless this is set (resources/telemetry.py).
+export DAGSTER_DISABLE_TELEMETRY := 1
 
 .PHONY: install install-test demo ui test test-fast bench bench-peers clean
 

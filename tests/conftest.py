@@ -36,17 +36,46 @@ from typing import Any
 
 import pytest
 
+_ENVIRON_AT_START = dict(os.environ)  # before the product is imported (it sets its telemetry switches: user_env)
+
 # Each xdist worker, and every process it starts (dagster CLI runs, servers), gets an equal share of the cores for
 # its OpenMP / MKL pools (torch, onnxruntime, tokenizers). Left alone, every process sizes its pool to all the cores:
 # three workers on two cores run six busy threads, and OpenMP's waiting threads spin. Measured on the loaded 2-core
 # machine, tests/providers/test_transformers_constrained.py: 79.5 s of CPU with two threads, 25.4 s with one. Set
 # before any test module imports torch; a variable the caller set wins.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+SET_FOR_SPEED: set[str] = set()  # the thread variables set here, not by the caller: user_env() takes them out
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _share = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(_var, _share)
+    for _var in THREAD_VARIABLES:
+        if _var not in os.environ:
+            os.environ[_var] = _share
+            SET_FOR_SPEED.add(_var)
+
+# Tests run what users run (issue 23): no process of the suite, and so no product process a test starts, sees the
+# variables a CI runner sets. Libraries read them and behave more kindly than for a user: `CI=true` switches
+# OpenVINO's telemetry off, progress bars and colours change. They are removed here, before any test module is
+# imported and before pytest-xdist starts its workers (which inherit the removal). The suite itself still knows it
+# runs under CI (RUNNING_IN_CI, passed to the workers as RUNNING_IN_CI_ENV): there a missing real part that is not a
+# Python package (the llama.cpp server build, chromium) fails instead of skipping. A test about these variables
+# sets them in the environment of the process it starts.
+CI_ONLY_VARIABLES = ("CI", "CONTINUOUS_INTEGRATION", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "TF_BUILD",
+                     "JENKINS_URL", "CIRCLECI", "TRAVIS", "TEAMCITY_VERSION")
+RUNNING_IN_CI_ENV = "BATCH_TESTS_RUNNING_IN_CI"
+RUNNING_IN_CI = bool(os.environ.get("CI") or os.environ.get(RUNNING_IN_CI_ENV))
+if RUNNING_IN_CI:
+    os.environ[RUNNING_IN_CI_ENV] = "1"
+for _var in CI_ONLY_VARIABLES:
+    os.environ.pop(_var, None)
 
 from batch_assets.spec import PipelineSpec, parse_spec  # noqa: E402
+from resources.telemetry import OFF_SWITCHES  # noqa: E402
+
+# The product sets its telemetry switches in os.environ of every process that imports it (resources/telemetry.py),
+# this one included; a user's shell has only those the user exported. The controller notes which those were for its
+# workers, which start with the switches already set.
+USER_SET_SWITCHES_ENV = "BATCH_TESTS_USER_SET_SWITCHES"
+os.environ.setdefault(USER_SET_SWITCHES_ENV, ",".join(k for k in OFF_SWITCHES if k in _ENVIRON_AT_START))
 
 DAEMON_GROUP = "daemon"  # xdist_group of tests that start a Dagster daemon or webserver (module docstring)
 K8S_GROUP = "k8s"  # xdist_group of tests whose runs go through the Kubernetes Jobs stand-in (module docstring)
@@ -176,6 +205,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     DURATIONS_FILE.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
 
 
+def user_env(**extra: str) -> dict[str, str]:
+    """Exactly the environment a user's shell has, for the end-to-end test of a launch path: this process's, less
+    what the suite adds for its own sake (the thread caps above, pytest's and pytest-xdist's variables, the suite's
+    own `BATCH_TESTS_*`, the telemetry switches the product set in this process); the CI variables are gone
+    already (above). `extra` is the test's own settings (a DAGSTER_HOME, a storage root), as a user exports them."""
+    user_set = set(os.environ[USER_SET_SWITCHES_ENV].split(","))
+    suite_only = SET_FOR_SPEED | {RUNNING_IN_CI_ENV, UNITS_DIR_ENV} | (set(OFF_SWITCHES) - user_set)
+    env = {k: v for k, v in os.environ.items()
+           if k not in suite_only and not k.startswith(("PYTEST_", "BATCH_TEST"))}
+    return {**env, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,7 +272,7 @@ def llama_server():
     try:
         check_available()
     except LlamaServerUnavailable as exc:
-        if os.environ.get("CI"):
+        if RUNNING_IN_CI:
             pytest.fail(f"CI is set and the llama.cpp server cannot start: {exc}")
         pytest.skip(f"llama.cpp server unavailable: {exc}")
     server = start_llama_server()

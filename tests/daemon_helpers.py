@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,12 +217,16 @@ def dagster_dev_command(port: int) -> list[str]:
 
 
 @contextmanager
-def dev_server(command: list[str], env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen]:
+def dev_server(command: list[str], env: Mapping[str, str], log: Path,
+               backfill_interval_s: float | None = TEST_BACKFILL_INTERVAL_S) -> Iterator[subprocess.Popen]:
     """The command (dagster dev, or `make ui`) in its own session with output to `log`; on exit its whole process
-    group (webserver, daemon, code servers, run workers) gets SIGTERM, then SIGKILL if it lingers."""
+    group (webserver, daemon, code servers, run workers) gets SIGTERM, then SIGKILL if it lingers.
+    `backfill_interval_s=None`: the daemon as a user runs it (Dagster's own 30 s), for a test of exactly what a user
+    has (tests.conftest.user_env)."""
     env = dict(env)
-    env[BACKFILL_INTERVAL_ENV] = str(TEST_BACKFILL_INTERVAL_S)  # tests/daemon_site/sitecustomize.py
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DAEMON_SITE), env.get("PYTHONPATH")) if p)
+    if backfill_interval_s is not None:
+        env[BACKFILL_INTERVAL_ENV] = str(backfill_interval_s)  # tests/daemon_site/sitecustomize.py
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DAEMON_SITE), env.get("PYTHONPATH")) if p)
     with open(log, "w") as out:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -240,6 +245,25 @@ def dev_server(command: list[str], env: Mapping[str, str], log: Path) -> Iterato
 
 class GraphQLError(AssertionError):
     """The webserver answered, with GraphQL errors: a wrong query or a server-side failure, never "not ready"."""
+
+
+def with_net_audit(env: Mapping[str, str], audit_file: Path) -> dict[str, str]:
+    """`env` plus the audit of every attempt to reach another host, in every Python process started with it and
+    their forks (tests/daemon_site/net_audit.py; read it back with `net_audit.read`)."""
+    return {**env, "BATCH_TEST_NET_AUDIT": str(audit_file),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(DAEMON_SITE), env.get("PYTHONPATH")) if p)}
+
+
+def project_copy(dest: Path) -> Path:
+    """The project as a user has it, in `dest`: its package copied (so a scaffold or a user's own pipeline file lands
+    in the copy's batch_assets/, never in the checkout other tests load), the rest linked."""
+    dest.mkdir(parents=True)
+    shutil.copytree(ROOT / "batch_assets", dest / "batch_assets", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
+        shutil.copyfile(ROOT / name, dest / name)
+    for name in ("resources", "examples_models", ".venv"):
+        (dest / name).symlink_to(ROOT / name)
+    return dest
 
 
 def graphql(port: int, query: str, variables: dict | None = None) -> dict:

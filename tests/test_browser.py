@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import DAEMON_GROUP, free_port
+from tests.conftest import DAEMON_GROUP, RUNNING_IN_CI, free_port, user_env
 from tests.daemon_helpers import (
     ROOT, TERMINAL_RUN_STATUSES, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
 )
@@ -44,7 +44,7 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
 
     if not Path(CHROMIUM).exists():
         missing = "Debian's chromium is missing: run `make install-test`"
-        if os.environ.get("CI"):
+        if RUNNING_IN_CI:
             pytest.fail(f"CI is set and {missing}")
         pytest.skip(missing)
 
@@ -53,12 +53,14 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     shutil.copyfile(ROOT / "batch_assets" / "pipelines" / f"{PIPELINE}.yaml", pipelines / f"{PIPELINE}.yaml")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_STORAGE_ROOT": str(store),
-           "BATCH_PIPELINES_DIR": str(pipelines)}
+    # A user's environment (no CI, no thread caps) and Dagster's own 30 s backfill-daemon interval, as `make ui` has
+    # it outside the tests (issue 23: the tests' 2 s patch made this flow look faster than a user's)
+    env = user_env(DAGSTER_HOME=str(home), BATCH_STORAGE_ROOT=str(store), BATCH_PIPELINES_DIR=str(pipelines))
     port = free_port()
     log = tmp_path / "dg-dev.log"
     # The README's `make ui` (dg dev: webserver + daemon), on a free port.
-    with dev_server(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], env, log) as proc:
+    with dev_server(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], env, log,
+                    backfill_interval_s=None) as proc:
         wait_ready(port, proc, log, seconds=180)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(

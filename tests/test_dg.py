@@ -19,6 +19,7 @@ import yaml
 
 from batch_assets.partitions import hash_shard_keys
 from tests.conftest import docs_rows, write_jsonl
+from tests.daemon_helpers import project_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 DG = str(Path(sys.executable).with_name("dg"))
@@ -43,18 +44,6 @@ def test_dg_check_and_list_defs() -> None:
     assert "rows_exactly_once" in json.dumps(listed["asset_checks"])
     components = _dg("list", "components", "--json").stdout
     assert "batch_assets.components.BatchInferencePipeline" in components
-
-
-def project_copy(dest: Path) -> Path:
-    """The project as a user has it, in `dest`: its package copied (so a scaffold lands in the copy's
-    batch_assets/defs, never in the checkout other tests load), the rest linked."""
-    dest.mkdir(parents=True)
-    shutil.copytree(ROOT / "batch_assets", dest / "batch_assets", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
-        shutil.copyfile(ROOT / name, dest / name)
-    for name in ("resources", "examples_models", ".venv"):
-        (dest / name).symlink_to(ROOT / name)
-    return dest
 
 
 def test_dg_check_defs_fails_on_a_broken_spec(tmp_path: Path) -> None:

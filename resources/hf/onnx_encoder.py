@@ -79,6 +79,7 @@ class ExportedEncoder:
         if runtime == "onnx":
             import onnxruntime as ort
 
+            ort.disable_telemetry_events()  # ETW events, sent on Windows only (resources/telemetry.py)
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.intra_op_num_threads = threads

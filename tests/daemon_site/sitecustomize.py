@@ -1,4 +1,8 @@
-"""Test instances' shorter backfill-daemon interval, for the processes the tests start under `dagster dev`.
+"""What the tests' processes get from this folder on PYTHONPATH: each part is off unless its variable is set.
+
+1. `BATCH_TEST_NET_AUDIT=<file>`: every attempt to reach another host is written to the file (net_audit.py).
+2. `BATCH_TEST_BACKFILL_INTERVAL_S`: the test instances' shorter backfill-daemon interval, for the processes the
+   tests start under `dagster dev`.
 
 Dagster's backfill daemon waits a fixed 30 s between iterations (`DEFAULT_DAEMON_INTERVAL_SECONDS` of
 dagster/_daemon/controller.py, read by backfill.py at each iteration; dagster.yaml has no setting for it), so a
@@ -16,6 +20,11 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+
+if os.environ.get("BATCH_TEST_NET_AUDIT"):
+    from net_audit import install
+
+    install(os.environ["BATCH_TEST_NET_AUDIT"])
 
 _MODULE = "dagster._daemon.controller"
 _ENV = "BATCH_TEST_BACKFILL_INTERVAL_S"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from batch_assets.orchestration import overlap
 from batch_assets.orchestration.overlap import run_overlapped
 
 
@@ -29,16 +32,35 @@ def test_results_in_key_order_and_the_window_bounds_what_runs_at_once() -> None:
     assert most[0] == 3  # admitted while the unfinished rows were under 30: three partitions of 10 at once
 
 
-def test_a_failure_is_returned_after_the_running_partitions_finish_and_nothing_more_starts() -> None:
+@pytest.mark.parametrize("caller_late_s", [0.0, 0.15])
+def test_a_failure_is_returned_after_the_running_partitions_finish_and_nothing_more_starts(
+        caller_late_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The order is set by events, not by sleeps: b fails only once c has started beside it, and c finishes only
+    after b has failed. The second case wakes the caller 150 ms late after every wait, as a loaded machine does: the
+    sleep-timed version of this test (b failing at 100 ms) then failed, c never started, though the product was
+    right."""
+    real_wait = overlap.wait
+
+    def late_wait(*args, **kwargs):
+        done = real_wait(*args, **kwargs)
+        time.sleep(caller_late_s)
+        return done
+
+    monkeypatch.setattr(overlap, "wait", late_wait)
     keys = ["a", "b", "c", "d", "e"]
     started: list[str] = []
+    c_started, b_failing = threading.Event(), threading.Event()
 
     def work(key: str) -> str:
         started.append(key)
         if key == "b":
-            time.sleep(0.1)
+            assert c_started.wait(30), "c never started beside b"
+            b_failing.set()
             raise ValueError("bad input in b")
-        time.sleep(0.3 if key == "c" else 0.0)
+        if key == "c":
+            c_started.set()
+            assert b_failing.wait(30)
+            time.sleep(0.5)  # b's raise reaches its future first (a late caller only widens this margin)
         return key
 
     handed, others = [], []
