@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from batch_assets import k8s_check
 from tests.conftest import K8S_GROUP, write_jsonl
 from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
@@ -225,18 +226,40 @@ def test_an_infer_pod_no_node_can_take_fails_its_step_in_time_and_frees_its_slot
 
 def test_the_rendered_deployment_is_what_the_tests_run(tmp_path: Path, cluster: KubernetesJobsStub,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The instance and container context these tests run under are the chart's rendering of k8s/values.yaml,
-    with only the in-cluster parts replaced (a guard against the fixtures drifting from the values)."""
+    """The instance and container context these tests run under are helm's rendering of k8s/values.yaml, with only
+    the in-cluster parts replaced (a guard against the fixtures drifting from the chart), and every ConfigMap and
+    Secret a run or step pod names exists in the stand-in, as `kubectl apply` of the chart and k8s/ would leave it."""
     from tests.k8s import chart
+    from tests.k8s.conftest import IN_CLUSTER_LAUNCHER_KEYS, LOCAL_STORAGE_KEYS
 
     deployment, _, _ = _deploy(tmp_path, cluster, _pipeline(tmp_path, {"gpus": 1}), monkeypatch)
-    rendered = chart.instance(chart.values(), NAMESPACE)
+    rendered = chart.render()
+    production = rendered.instance
     used = yaml.safe_load((deployment.home / "dagster.yaml").read_text())
-    assert {k: v for k, v in used.items() if k != "compute_logs"} == {
-        **{k: v for k, v in rendered.items() if k != "compute_logs"},
-        "run_launcher": {**rendered["run_launcher"], "config": {
-            **rendered["run_launcher"]["config"], "load_incluster_config": False,
-            "kubeconfig_file": str(cluster.kubeconfig), "dagster_home": str(deployment.home)}}}
-    assert deployment.container_context == chart.container_context(chart.values(), NAMESPACE)
-    assert json.loads(chart.grpc_container_context_env(chart.values(), NAMESPACE)[
-        "DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]) == deployment.container_context
+    # every production section the tests keep is the chart's, key for key
+    assert set(used) == set(production) - set(LOCAL_STORAGE_KEYS), sorted(set(used) ^ set(production))
+    for section, config in used.items():
+        if section != "run_launcher":
+            assert config == production[section], section
+    launcher, rendered_launcher = used["run_launcher"]["config"], production["run_launcher"]["config"]
+    assert {k: v for k, v in launcher.items() if k not in IN_CLUSTER_LAUNCHER_KEYS} == {
+        k: v for k, v in rendered_launcher.items() if k not in IN_CLUSTER_LAUNCHER_KEYS}
+    assert launcher["kubeconfig_file"] == str(cluster.kubeconfig) and launcher["load_incluster_config"] is False
+    # the code server's container context is the one in the rendered user Deployment's env, as the chart sets it
+    (user,) = [d for d in rendered.manifests if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(
+        "-batch-assets")]
+    (grpc_env,) = [e for e in user["spec"]["template"]["spec"]["containers"][0]["env"]
+                   if e["name"] == "DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]
+    assert deployment.container_context == json.loads(grpc_env["value"])
+    k8s = deployment.container_context["k8s"]
+    assert k8s["env_config_maps"][0] == "dagster-dagster-user-deployments-batch-assets-user-env"  # the real name
+    assert k8s["image_pull_secrets"] == [{"name": "batch-assets-registry"}]
+    # the private image pulls everywhere: code server, webserver, daemon (the run launcher gives run pods theirs)
+    for name, pod in k8s_check.pod_specs(rendered.manifests).items():
+        assert pod.get("imagePullSecrets") == [{"name": "batch-assets-registry"}], name
+    assert launcher["image_pull_secrets"] == [{"name": "batch-assets-registry"}]
+    # what a pod names exists where the pod looks: the chart's ConfigMaps, k8s/config.yaml, the values' Secrets
+    for name in [*k8s["env_config_maps"], *launcher.get("env_config_maps", [])]:
+        assert (NAMESPACE, name) in cluster.config_maps, name
+    for name in [*k8s["env_secrets"], launcher["postgres_password_secret"]]:
+        assert (NAMESPACE, name) in cluster.secrets, name
