@@ -4,10 +4,10 @@ It renders the real Dagster Helm chart with your values through a real `helm tem
 1. loads the instance `dagster.yaml` the chart renders (ConfigMap `<release>-instance`) with this project's Dagster,
    as the webserver, the daemon and every run and step pod load it at start: a config Dagster refuses
    (`DagsterInvalidConfigError`) would crash-loop all of them on first contact;
-2. validates every rendered manifest, and a sample infer step Job built by the batch executor from the rendered
-   run launcher and code-location container context, against the Kubernetes API schemas (kubernetes-validate,
-   offline);
-3. checks every pod template and the sample Job against the PodSecurity `restricted` profile, which many clusters
+2. validates every rendered manifest, and a sample run worker Job and infer step Job built as the rendered run
+   launcher and the batch executor build them (with the code location's container context), against the
+   Kubernetes API schemas (kubernetes-validate, offline);
+3. checks every pod template and the sample Jobs against the PodSecurity `restricted` profile, which many clusters
    enforce on namespaces (batch_assets/pod_security.py).
 
 Helm merges your values over the chart's defaults, so only a real render shows what the chart makes of them
@@ -32,6 +32,7 @@ import yaml
 from batch_assets.orchestration.k8s_executor import step_container_context, with_gpu_node_pool
 from batch_assets.orchestration.resource_policy import check_gpu_strategy, resources_for_keys, with_gpu_defaults
 from batch_assets.pod_security import restricted_violations
+from batch_assets.spec import PipelineSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUES = ROOT / "k8s" / "values.yaml"
@@ -144,10 +145,12 @@ def pod_specs(manifests: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if d.get("kind") in ("Deployment", "Job", "StatefulSet", "DaemonSet")}
 
 
-def sample_step_job(instance_config: dict[str, Any], context: dict[str, Any] | None, spec: Any = None,
-                    partition: str | None = None, image: str = "registry.example.com/batch-assets:sample") -> dict[str, Any]:
-    """The Job the batch executor would post for the infer step of `spec` (default: a one-GPU pipeline) in a run
-    launched by the rendered run launcher from the code location with `context`, without a cluster."""
+def sample_jobs(instance_config: dict[str, Any], context: dict[str, Any] | None, spec: Any = None,
+                partition: str | None = None, image: str = "registry.example.com/batch-assets:sample",
+                ) -> dict[str, dict[str, Any]]:
+    """The Jobs a run of `spec` (default: a one-GPU pipeline) would post, without a cluster: the run worker's, as the
+    rendered run launcher builds it from the code location's `context`, and the infer step's, as the batch
+    executor builds it (policy resources, GPU node pool)."""
     import dagster as dg
     from dagster._core.code_pointer import ModuleCodePointer
     from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
@@ -155,8 +158,6 @@ def sample_step_job(instance_config: dict[str, Any], context: dict[str, Any] | N
     from dagster_k8s.job import construct_dagster_k8s_job
     from dagster_k8s.launcher import K8sRunLauncher
     from kubernetes.client import ApiClient
-
-    from batch_assets.spec import PipelineSpec
 
     if spec is None:
         spec = PipelineSpec.model_validate({
@@ -182,16 +183,22 @@ def sample_step_job(instance_config: dict[str, Any], context: dict[str, Any] | N
         container_image=image, container_context=context))
     run = dg.DagsterRun(job_name=f"{spec.name}_job", run_id="0" * 36, job_code_origin=origin,
                         tags={"dagster/partition": partition})
+    run_context = K8sContainerContext.create_for_run(run, launcher, include_run_tags=True)
+    run_job = construct_dagster_k8s_job(
+        job_config=run_context.get_k8s_job_config(image, launcher), args=["dagster", "api", "execute_run"],
+        job_name="dagster-run-sample", pod_name="dagster-run-sample", component="run_worker",
+        user_defined_k8s_config=run_context.run_k8s_config)
     merged = K8sContainerContext.create_for_run(run, launcher, include_run_tags=False)
     resources = with_gpu_defaults(with_gpu_node_pool(resources_for_keys(spec, [partition])))
     check_gpu_strategy(spec, resources)
     merged = step_container_context(merged, resources)
     job_config = merged.get_k8s_job_config(None, launcher)
-    job = construct_dagster_k8s_job(
+    step_job = construct_dagster_k8s_job(
         job_config=job_config.with_image(image), args=["dagster", "api", "execute_step"], job_name="dagster-step-sample",
         pod_name="dagster-step-sample", component="step_worker", user_defined_k8s_config=merged.run_k8s_config,
         labels={"dagster/op": f"{spec.name}__inferred"})
-    return ApiClient().sanitize_for_serialization(job)
+    return {name: ApiClient().sanitize_for_serialization(job)
+            for name, job in (("run worker", run_job), ("infer step", step_job))}
 
 
 def validate(manifests: Sequence[dict[str, Any]], version: str = KUBERNETES_VERSION) -> list[str]:
@@ -218,11 +225,12 @@ def check(values_files: Sequence[Path], chart: Path | None = None, namespace: st
     out(f"rendered {len(manifests)} objects with helm: {', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}")
     config = load_instance_config(instance_yaml(manifests, release))
     out(f"instance dagster.yaml ({release}-instance) loads with this Dagster: {', '.join(sorted(config))}")
-    job = sample_step_job(config, container_context(manifests))
-    problems = [f"invalid manifest: {e}" for e in validate([*manifests, job])]
-    out(f"validated {len(manifests) + 1} manifests (the sample infer step Job included) against Kubernetes "
-        f"{KUBERNETES_VERSION}: {len(problems)} invalid")
-    pods = {**pod_specs(manifests), "Job/sample infer step": job["spec"]["template"]["spec"]}
+    jobs = sample_jobs(config, container_context(manifests))
+    problems = [f"invalid manifest: {e}" for e in validate([*manifests, *jobs.values()])]
+    out(f"validated {len(manifests) + len(jobs)} manifests (a sample run worker Job and infer step Job included) "
+        f"against Kubernetes {KUBERNETES_VERSION}: {len(problems)} invalid")
+    pods = {**pod_specs(manifests), **{f"Job/sample {name}": job["spec"]["template"]["spec"]
+                                       for name, job in jobs.items()}}
     security = [f"PodSecurity restricted: {name}: {v}" for name, spec in pods.items()
                 for v in restricted_violations(spec)]
     out(f"checked {len(pods)} pod templates against PodSecurity restricted: {len(security)} violations")

@@ -97,6 +97,8 @@ def chart_deployment(stub: KubernetesJobsStub, home: Path, settings: dict[str, s
         secrets = {s["name"]: {} for d in vals["dagster-user-deployments"]["deployments"]
                    for s in d.get("envSecrets") or []}
         secrets[vals["global"]["postgresqlSecretName"]] = {"postgresql-password": "not-used-with-sqlite"}
+        for ref in vals.get("imagePullSecrets") or []:  # kubectl create secret docker-registry (deployment.md)
+            secrets[ref["name"]] = {".dockerconfigjson": "{}"}
     for name, secret in secrets.items():
         stub.create_secret(name, secret, namespace=NAMESPACE)
     return ChartDeployment(home, vals, rendered.container_context, data, rendered)

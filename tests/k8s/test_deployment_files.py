@@ -322,9 +322,44 @@ def test_an_infer_step_pod_gets_the_policy_not_the_code_servers_sizing(tmp_path:
                      "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}  # resource_policy's GPU defaults
     # the read step does inherit the deployment's sizing: that is what the shipped values must not give a limit
     assert pods["raw"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "2Gi"}
-    # a CPU infer step whose policy names only CPU: no inherited memory limit either (replaced, not deep-merged)
+    # a CPU infer step whose policy names only CPU: no inherited memory limit either; the deployment's memory
+    # request stays (issue 22: without requests the pod was BestEffort, evicted first under memory pressure)
     cpu_only = _step_pods(tmp_path / "cpu", values, runtime={"resources": {"default": {"cpu": "2"}}})
-    assert cpu_only["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}
+    assert cpu_only["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}}
+    # and one with no runtime.resources at all keeps the deployment's requests
+    bare = _step_pods(tmp_path / "bare", values, runtime={"gpus": 0})
+    assert bare["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "250m", "memory": "1Gi"}}
+
+
+def test_infer_resources_merge_by_key_with_what_the_step_was_given() -> None:
+    """docs/deployment.md: the policy wins for the keys it sets; requests and limits set for the step through op
+    tags or per_step_k8s_config are kept for the others (they were dropped: issue 22)."""
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+    from batch_assets.orchestration.k8s_executor import step_container_context
+    from batch_assets.orchestration.resource_policy import StepResources
+
+    def merged(inherited: dict, step_limits: dict, policy: StepResources) -> dict:
+        context = K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(
+            {"container_config": {"resources": inherited}}))
+        out = step_container_context(context, policy, step_limits=step_limits)
+        return out.run_k8s_config.container_config["resources"]
+
+    # per_step_k8s_config asked for ephemeral storage and a 6Gi memory limit; the policy names only CPU
+    step = {"requests": {"cpu": "250m", "memory": "6Gi", "ephemeral-storage": "20Gi"},
+            "limits": {"memory": "6Gi", "ephemeral-storage": "20Gi"}}
+    assert merged(step, step["limits"], StepResources(cpu="2")) == {
+        "requests": {"cpu": "2", "memory": "6Gi", "ephemeral-storage": "20Gi"},
+        "limits": {"memory": "6Gi", "ephemeral-storage": "20Gi"}}
+    # the policy's memory wins over the step's, request and limit
+    assert merged(step, step["limits"], StepResources(memory="32Gi")) == {
+        "requests": {"cpu": "250m", "memory": "32Gi", "ephemeral-storage": "20Gi"},
+        "limits": {"memory": "32Gi", "ephemeral-storage": "20Gi"}}
+    # a deployment-wide limit (not set for this step) is not inherited; an inherited request above a limit set
+    # here is dropped (the API server defaults it to the limit instead of refusing the pod)
+    assert merged({"requests": {"memory": "8Gi"}, "limits": {"memory": "2Gi"}}, {"memory": "4Gi"},
+                  StepResources(cpu="1")) == {"requests": {"cpu": "1"}, "limits": {"memory": "4Gi"}}
 
 
 def test_values_yaml_changes_to_step_pods_are_reviewed(tmp_path: Path) -> None:

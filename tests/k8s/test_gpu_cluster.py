@@ -224,6 +224,49 @@ def test_an_infer_pod_no_node_can_take_fails_its_step_in_time_and_frees_its_slot
         assert instance.get_run_by_id(run_id).tags.get("dagster/will_retry") == "false"
 
 
+def test_an_infer_pod_whose_image_or_volume_never_comes_fails_its_step_and_frees_its_slot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: a step pod bound to a node but never started (an image that does not pull, a volume that does not
+    mount) held its GPUs, the run and the `gpu` pool slot forever. Now it fails its step after
+    BATCH_STEP_START_GRACE_SECONDS, naming the image or the volume and object, its Job deleted, not retried."""
+    image = "registry.example.com/batch-assets:test"  # the code location's image (tests/k8s/conftest.py)
+    cluster = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE],
+                                 images={image: "batch-assets-registry"}).start()
+    try:
+        spec = _pipeline(tmp_path, {"gpus": 1})
+        write_jsonl(tmp_path / "data" / "b.jsonl", [{"doc_id": "b0", "text": "b0"}])
+        deployment, defs, _ = _deploy(tmp_path, cluster, spec, monkeypatch,
+                                      settings={"BATCH_STEP_START_GRACE_SECONDS": "2"})
+        typo = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+            "container_config": {"image": "registry.example.com/batch-assets:tset"}}}}}}
+        volume = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+            "pod_spec_config": {"volumes": [{"name": "prompts", "config_map": {"name": "batch-assets-prompts"}}]},
+            "container_config": {"volume_mounts": [{"name": "prompts", "mount_path": "/prompts"}]}}}}}}
+        with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
+                code_location(instance, defs, deployment.container_context) as context:
+            bad_image = launch(context, "gpu_docs_job", "a", run_config=typo)
+            bad_volume = launch(context, "gpu_docs_job", "b", run_config=volume)
+            dequeue(context)
+            for run_id in (bad_image, bad_volume):
+                assert _finished(instance, run_id, cluster).status == dg.DagsterRunStatus.FAILURE
+            (pull,) = _step_failures(instance, bad_image)  # once: not retried by the step's RetryPolicy
+            assert "its pod never started" in pull and "gpu_docs__inferred" in pull, pull
+            assert "its image registry.example.com/batch-assets:tset cannot be pulled: ImagePullBackOff" in pull
+            assert 'Failed to pull image "registry.example.com/batch-assets:tset"' in pull
+            assert "imagePullSecrets" in pull  # the fix
+            (mount,) = _step_failures(instance, bad_volume)
+            assert "its pod never started" in mount and "a volume never mounted" in mount, mount
+            assert 'volume "prompts" : configmap "batch-assets-prompts" not found' in mount
+            for run_id in (bad_image, bad_volume):
+                (infer,) = [j for j in cluster.jobs_for_run(run_id) if j.step_key == "gpu_docs__inferred"]
+                assert infer.deleted and infer.pod_gone and infer.process is None
+            # the `gpu` slot (limit 1) was freed each time: the second run's infer step got it, and nothing holds it
+            info = instance.event_log_storage.get_concurrency_info("gpu")
+            assert info.slot_count == 1 and info.active_slot_count == 0, info
+    finally:
+        cluster.stop()
+
+
 def test_the_rendered_deployment_is_what_the_tests_run(tmp_path: Path, cluster: KubernetesJobsStub,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The instance and container context these tests run under are helm's rendering of k8s/values.yaml, with only
