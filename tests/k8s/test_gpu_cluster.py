@@ -72,10 +72,13 @@ def _deploy(tmp_path: Path, cluster: KubernetesJobsStub, spec: dict, monkeypatch
     pipelines.mkdir()
     (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     local = {"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s",
+             # the stand-in's pods all run on this machine: the local root is one disk, as a ReadWriteMany volume
+             # mounted at the same path in every pod would be (a deployment uses s3:// or declares such a volume)
+             "BATCH_STORAGE_ROOT_SHARED": "1",
              # the test's model class lives in tests/ (a real image has the user's model package installed)
              "PYTHONPATH": str(ROOT), **(settings or {})}
     deployment = chart_deployment(cluster, tmp_path / "home", settings=local)
-    for key in ("BATCH_PIPELINES_DIR", "BATCH_STORAGE_ROOT", "BATCH_EXECUTOR"):  # the code server's env
+    for key in ("BATCH_PIPELINES_DIR", "BATCH_STORAGE_ROOT", "BATCH_EXECUTOR", "BATCH_STORAGE_ROOT_SHARED"):
         monkeypatch.setenv(key, local[key])
     defs = tmp_path / "code" / "defs.py"
     defs.parent.mkdir()
