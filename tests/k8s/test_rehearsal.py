@@ -1,0 +1,218 @@
+"""A production rehearsal: the processes users deploy, started from what the real helm renders from k8s/values.yaml.
+
+- The rendered instance `dagster.yaml` (ConfigMap `dagster-instance`), its Postgres host pointed at a real PostgreSQL
+  on loopback, loaded by a real `dagster-daemon run` and a real `dagster-webserver`, each started with the command,
+  env and envFrom of its rendered Deployment (ConfigMaps and Secrets resolved as the kubelet does, by the stand-in).
+- The rendered workspace (`dagster-workspace-yaml`) pointing at a real gRPC code server of this project, started
+  with the command and env of the rendered user-code Deployment (its container context included); only the
+  Service's name becomes 127.0.0.1 and a free port.
+- K8sRunLauncher (the rendered run launcher config) talking to the Jobs API stand-in (tests/k8s/stub.py): a
+  partition launched through the webserver's GraphQL, as the UI's Materialize button launches it, runs as run pod ->
+  step Jobs (the infer step on the GPU node with its GPU) -> outputs, its events in Postgres; a second run of the
+  same partition waits in the queue while the first runs; a sensor on a folder launches a run of its own.
+
+Red with the values shipped before issue 22: every process refuses the rendered instance (max_concurrent_runs).
+What is still a stand-in: the cluster (tests/k8s/stub.py), the instance ConfigMap mount (DAGSTER_HOME is a folder
+holding the rendered dagster.yaml), compute logs (local, not S3) and the storage root (one local disk shared by
+every "pod", declared with BATCH_STORAGE_ROOT_SHARED).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import K8S_GROUP, free_port, write_jsonl
+from tests.daemon_helpers import dev_server, graphql, wait_for, wait_ready
+from tests.k8s import chart
+from tests.k8s.stub import CPU_NODE, KubernetesJobsStub, Node, RecordedJob
+from tests.orchestration.test_sensors import drop, inbox_spec
+from tests.test_postgres import _pg_bin, postgres_port  # noqa: F401 - the module-scoped PostgreSQL fixture
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(K8S_GROUP)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = chart.NAMESPACE
+GPU_NODE = Node("gpu-1", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
+                taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+ROWS = 12
+
+LAUNCH = """mutation($params: ExecutionParams!) { launchPipelineExecution(executionParams: $params) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }"""
+RUNS = """{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"""
+
+
+def _rendered_env(stub: KubernetesJobsStub, deployment: dict[str, Any]) -> dict[str, str]:
+    """The environment the kubelet gives the Deployment's first container: its env and envFrom, resolved against
+    the ConfigMaps and Secrets in the stand-in (a missing one fails here, as the pod would not start)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    job = RecordedJob(NS, {"metadata": {"name": deployment["metadata"]["name"]},
+                           "spec": {"template": {"spec": {"containers": [container]}}}}, Path("/dev/null"))
+    return stub._container_env(job)
+
+
+def _command(deployment: dict[str, Any], replace: dict[str, str]) -> list[str]:
+    """The Deployment's command line, with the in-cluster host, port and paths replaced."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    if argv[:2] == ["/bin/bash", "-c"]:
+        argv = shlex.split(argv[2])
+    return [replace.get(a, a) for a in argv]
+
+
+def _runs(port: int) -> list[dict[str, Any]]:
+    results = graphql(port, RUNS)["runsOrError"]["results"]
+    return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in results]
+
+
+def _launch(port: int, job: str, partition: str) -> str:
+    """As the UI's Materialize button: launchPipelineExecution with the partition tag (the queue takes it)."""
+    result = graphql(port, LAUNCH, {"params": {
+        "selector": {"repositoryLocationName": "batch-assets", "repositoryName": "__repository__", "jobName": job},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]}}})["launchPipelineExecution"]
+    assert result["__typename"] == "LaunchRunSuccess", result
+    return result["run"]["runId"]
+
+
+@pytest.fixture
+def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fixture above
+    rendered = chart.render()  # k8s/values.yaml as shipped, through the real helm
+    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE]).start()
+    home, pipelines, store, data = (tmp_path / "home", tmp_path / "pipelines", tmp_path / "store", tmp_path / "data")
+    for folder in (home, pipelines, data):
+        folder.mkdir()
+    subprocess.run([_pg_bin("createuser"), "-h", "127.0.0.1", "-p", str(postgres_port), "-U", "postgres", "-s",
+                    "dagster"], check=True, capture_output=True)
+
+    # the instance every process loads: the rendered ConfigMap, with the in-cluster addresses replaced
+    instance = rendered.instance
+    for key in ("run_storage", "event_log_storage", "schedule_storage"):
+        db = instance[key]["config"]["postgres_db"]
+        db.update({"hostname": "127.0.0.1", "port": postgres_port, "params": {}})  # no TLS on loopback
+    instance["run_launcher"]["config"].update({"load_incluster_config": False, "kubeconfig_file": str(stub.kubeconfig),
+                                               "dagster_home": str(home)})
+    instance.pop("compute_logs")  # S3 in production; local files here
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance))
+    workspace = yaml.safe_load(rendered.config_maps()["dagster-workspace-yaml"]["workspace.yaml"])
+    (grpc,) = [entry["grpc_server"] for entry in workspace["load_from"]]
+    grpc_port = free_port()
+    assert (grpc["host"], grpc["port"], grpc["location_name"]) == ("batch-assets", 3030, "batch-assets")
+    grpc.update({"host": "127.0.0.1", "port": grpc_port})  # the Service's DNS name, on loopback
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "workspace.yaml").write_text(yaml.safe_dump(workspace))
+
+    # what `kubectl apply` of the chart and of k8s/ leaves in the namespace
+    for name, cm in rendered.config_maps().items():
+        stub.create_config_map(name, cm, namespace=NS)
+    settings = {**yaml.safe_load((ROOT / "k8s" / "config.yaml").read_text())["data"],
+                "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
+                "BATCH_STORAGE_ROOT_SHARED": "1",  # every "pod" runs on this machine: one shared disk
+                "PYTHONPATH": str(ROOT)}  # the tests' model classes (a real image has the user's package)
+    stub.create_config_map("batch-assets-config", settings, namespace=NS)
+    for name in ("batch-assets-s3", "batch-assets-hf"):
+        stub.create_secret(name, {}, namespace=NS)
+    stub.create_secret("dagster-postgresql-secret", {"postgresql-password": "trust-auth-ignores-it"}, namespace=NS)
+    stub.create_secret("batch-assets-registry", {".dockerconfigjson": "{}"}, namespace=NS)
+
+    gpu_spec = {"name": "gpu_docs",
+                "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
+                "partitioning": {"kind": "static", "keys": ["a", "b"]},
+                "prepare": {"id_column": "doc_id", "input_columns": ["text"]}, "task": {"kind": "predict"},
+                "model": {"provider": "custom", "config": {"class_path": "tests.k8s.models:PacedCountingModel",
+                                                           "init_kwargs": {"log": str(tmp_path / "model.log"),
+                                                                           "seconds": 0.5}}},
+                "runtime": {"gpus": 1, "chunk_rows": 4}}
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"a{i}", "text": f"a{i}"} for i in range(ROWS)])
+    inbox = inbox_spec(str(tmp_path / "inbox"), min_age_seconds=0, interval_seconds=5)
+    inbox["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "inbox.log")
+    drop(tmp_path / "inbox", "first", rows=3)
+    for spec in (gpu_spec, inbox):
+        (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
+
+    deployments = {d["metadata"]["name"]: d for d in rendered.manifests if d["kind"] == "Deployment"}
+    web_port = free_port()
+    paths = {"/dagster-workspace/workspace.yaml": str(tmp_path / "workspace" / "workspace.yaml"),
+             "0.0.0.0": "127.0.0.1", "3030": str(grpc_port), "80": str(web_port)}
+    with ExitStack() as stack:
+        processes = {}
+        for name, short in (("dagster-dagster-user-deployments-batch-assets", "code-server"),
+                            ("dagster-daemon", "daemon"), ("dagster-dagster-webserver", "webserver")):
+            env = {**_rendered_env(stub, deployments[name]), "DAGSTER_HOME": str(home)}  # the mounted ConfigMap
+            log = tmp_path / f"{short}.log"
+            processes[short] = (stack.enter_context(dev_server(_command(deployments[name], paths), env, log)), log)
+            if short == "code-server":  # the webserver and daemon connect to it: start it first
+                wait_for("the code server to listen", lambda: _listening(grpc_port), log, 120, interval=0.5)
+        proc, log = processes["webserver"]
+        wait_ready(web_port, proc, log, seconds=180)
+        yield {"stub": stub, "port": web_port, "home": home, "store": store, "postgres": postgres_port,
+               "logs": {k: v[1] for k, v in processes.items()}, "rendered": rendered}
+    stub.stop()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_the_rendered_chart(
+        rehearsal: dict[str, Any]) -> None:
+    import psycopg2
+
+    stub, port, store = rehearsal["stub"], rehearsal["port"], rehearsal["store"]
+    daemon_log = rehearsal["logs"]["daemon"]
+
+    def diagnose() -> str:
+        return (f"{stub.failures()}\n--- daemon ---\n{daemon_log.read_text(errors='replace')[-3000:]}\n"
+                f"--- code server ---\n{rehearsal['logs']['code-server'].read_text(errors='replace')[-2000:]}")
+
+    def status(run_id: str) -> str:
+        return next(r["status"] for r in _runs(port) if r["runId"] == run_id)
+
+    first = _launch(port, "gpu_docs_job", "a")
+    second = _launch(port, "gpu_docs_job", "a")
+    wait_for("the first run to start", lambda: status(first) in ("STARTING", "STARTED"), None, 180,
+             diagnose=diagnose)
+    wait_for("the first run's infer step Job", lambda: stub.step_jobs(first).get("gpu_docs__inferred"), None, 300,
+             diagnose=diagnose)
+    # one run per partition: the second waits in the queue, with no pod, while the first runs its infer step
+    assert status(second) == "QUEUED" and status(first) in ("STARTING", "STARTED")
+    assert not stub.jobs_for_run(second)
+    wait_for("the first run to succeed", lambda: status(first) == "SUCCESS", None, 420, interval=2, diagnose=diagnose)
+    infer = stub.step_jobs(first)["gpu_docs__inferred"]
+    assert infer.node == "gpu-1" and infer.resources["limits"]["nvidia.com/gpu"] == "1"
+    assert {j.component for j in stub.jobs_for_run(first)} == {"run_worker", "step_worker"}
+    assert sorted(pq.read_table(store / "gpu_docs" / "output" / "a.parquet").column("doc_id").to_pylist()) == sorted(
+        f"a{i}" for i in range(ROWS))
+    wait_for("the queued run to run and succeed", lambda: status(second) == "SUCCESS", None, 420, interval=2,
+             diagnose=diagnose)
+
+    # the sensor on the inbox folder launched its own run through the queue and the launcher
+    sensor_run = wait_for("a sensor run to succeed", lambda: next(
+        (r for r in _runs(port) if r["tags"].get("dagster/sensor_name") == "inbox_new_files_sensor"
+         and r["status"] == "SUCCESS"), None), None, 420, interval=2, diagnose=diagnose)
+    assert sensor_run["tags"]["dagster/partition"] == "first"
+    assert pq.read_table(store / "inbox" / "output" / "first.parquet").num_rows == 3
+    assert stub.jobs_for_run(sensor_run["runId"])
+
+    # the runs' events are in the deployment's Postgres, written by the run and step pods
+    with psycopg2.connect(host="127.0.0.1", port=rehearsal["postgres"], user="dagster", dbname="dagster") as db:
+        cursor = db.cursor()
+        cursor.execute("SELECT dagster_event_type, count(*) FROM event_logs WHERE run_id = %s "
+                       "GROUP BY dagster_event_type", (first,))
+        events = dict(cursor.fetchall())
+    # (the run's own events keep their legacy names in the table: PIPELINE_SUCCESS is RUN_SUCCESS)
+    assert events.get("PIPELINE_SUCCESS") == 1 and events.get("STEP_SUCCESS") == 4, events
+    assert events.get("ASSET_MATERIALIZATION", 0) >= 4, events
+    print(json.dumps({"runs": len(_runs(port)), "jobs": len(stub.jobs), "events of the first run": events}))
