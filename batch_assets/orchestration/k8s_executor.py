@@ -25,8 +25,9 @@ What upstream leaves to chance, and this executor does not:
   (no node with that many GPUs, a wrong node selector, a missing toleration) would hang the run and hold its pool
   slot. A step pod unschedulable for BATCH_STEP_PENDING_TIMEOUT_SECONDS (default 900: a GPU node scaling up from
   zero fits), whose container cannot be configured (a missing Secret or ConfigMap: at once), or that is bound to a
-  node but whose image does not pull (ErrImagePull / ImagePullBackOff) or whose volume does not mount (FailedMount)
-  for BATCH_STEP_START_GRACE_SECONDS (default 300, counted from the first error), fails its step with what it asked
+  node but whose image does not pull (ErrImagePull / ImagePullBackOff) or whose volume does not mount (FailedMount),
+  or whose pod the API server refuses to create (the Job's FailedCreate: PodSecurity, a missing service account, a
+  quota) for BATCH_STEP_START_GRACE_SECONDS (default 300, counted from the first error), fails its step with what it asked
   for and why it never started, naming the image, volume or Secret; its Job is deleted, its pool slot freed, and it
   is not retried (retrying cannot make a node, an image or a volume appear). The run monitor does not cover step
   pods: it times only the run worker's start. A failed Job's message says whether its pod was OOMKilled or evicted; those are retried by
@@ -208,7 +209,9 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         if not result.is_healthy:
             ended = _pod_end(pod)
             return CheckStepHealthResult.unhealthy(f"{result.unhealthy_reason}{ended}") if ended else result
-        if pod is None or pod.status is None or pod.status.phase != "Pending":
+        if pod is None:  # the Job exists, its pod does not: refused by admission (PodSecurity, quota, account)?
+            return self._check_created(step_key, job_name, namespace, result)
+        if pod.status is None or pod.status.phase != "Pending":
             self._pending_since.pop(job_name, None)
             self._failing_since.pop(job_name, None)
             return result
@@ -261,11 +264,34 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         return self._never_started(step_key, job_name, namespace, f"{problem} (for {grace:g} s, {START_GRACE_ENV})",
                                    fix)
 
+    def _check_created(self, step_key: str, job_name: str, namespace: str,
+                       healthy: CheckStepHealthResult) -> CheckStepHealthResult:
+        """A Job whose pod the API server refuses (FailedCreate: PodSecurity, a missing service account, a quota)
+        has no pod to watch and no failure either: the Job controller retries forever."""
+        refused = self._events(namespace, job_name, "Job", "FailedCreate", "")
+        if not refused:
+            self._failing_since.pop(job_name, None)
+            return healthy
+        since = self._failing_since.setdefault(job_name, time.monotonic())
+        grace = start_grace_s()  # a quota can free up; PodSecurity and a missing account cannot
+        if time.monotonic() - since < grace:
+            return healthy
+        self._failing_since.pop(job_name, None)
+        return self._never_started(
+            step_key, job_name, namespace, f"Kubernetes refused to create it (for {grace:g} s, {START_GRACE_ENV}): "
+            f"{refused}", "make the pod acceptable to the namespace: a securityContext that passes its PodSecurity "
+            "level (docs/deployment.md, PodSecurity restricted; `make k8s-check`), a service account that exists, "
+            "or room in its ResourceQuota")
+
     def _pod_events(self, namespace: str, pod: Any, reason: str, prefix: str) -> str:
         """The newest message of the pod's events with this reason (and message prefix), or ''."""
+        return self._events(namespace, pod.metadata.name, "Pod", reason, prefix)
+
+    def _events(self, namespace: str, name: str, kind: str, reason: str, prefix: str) -> str:
         events = self._api_client.core_api.list_namespaced_event(
-            namespace=namespace, field_selector=f"involvedObject.name={pod.metadata.name}").items
-        found = [e for e in events if e.reason == reason and (e.message or "").startswith(prefix)]
+            namespace=namespace, field_selector=f"involvedObject.name={name}").items
+        found = [e for e in events if e.reason == reason and (e.message or "").startswith(prefix)
+                 and (e.involved_object is None or e.involved_object.kind in (None, kind))]
         return found[-1].message if found else ""
 
     def _step_pod(self, job_name: str, namespace: str) -> Any:

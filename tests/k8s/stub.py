@@ -32,6 +32,10 @@ a deployment can go wrong:
   persistentVolumeClaim volume: with `claims` given (`create_claim`), a claim that does not exist keeps the pod
   unschedulable (`persistentvolumeclaim "x" not found`, as kube-scheduler says), one created with `mount_error`
   (a Multi-Attach error, an unreachable NFS server) never mounts (`FailedMount`).
+- **Admission.** With `pod_security="restricted"` (the namespace label `pod-security.kubernetes.io/enforce`) a pod
+  that breaks the profile (batch_assets/pod_security.py) is refused, and with `service_accounts` given a pod naming
+  another service account is refused: the Job exists, its pod never does, and the Job's `FailedCreate` event says
+  why (`pods "x" is forbidden: violates PodSecurity "restricted:latest": ...`), as the Job controller reports it.
 - **Deletion.** Deleting a Job leaves its pod (the API's default for Jobs is to orphan it); deleting a pod delivers
   SIGTERM to its container, waits the pod's `terminationGracePeriodSeconds` (default 30), then SIGKILLs, as the
   kubelet does; the pod is listed, with a `deletionTimestamp`, until its container has ended. dagster-k8s's
@@ -133,6 +137,7 @@ class RecordedJob:
     waiting_since: float | None = None  # when the container first waited with an error (ErrImagePull, ...)
     pulls: int = 0  # failed image pulls so far (the second and later say ImagePullBackOff)
     mount_error: str | None = None  # the FailedMount event's message of a volume that never mounts
+    create_error: str | None = None  # why admission refused the pod (the Job's FailedCreate event): no pod exists
     waiting: tuple[str, str] | None = None  # (reason, message) of a container that cannot start
     unschedulable: str | None = None  # the scheduler's message while the pod cannot be bound
     pull_message: str | None = None  # the kubelet's message of the last failed image pull
@@ -203,6 +208,8 @@ class RecordedJob:
         return "Succeeded" if code == 0 else "Failed"
 
     def status(self) -> dict[str, Any]:
+        if self.create_error:
+            return {}  # no pod: neither active nor failed, as the Job controller leaves it
         phase = self.phase
         if phase in ("Pending", "Running"):
             return {"active": 1}
@@ -217,7 +224,8 @@ class KubernetesJobsStub:
     `kubeconfig`, read `jobs`; `stop()` kills what is still running."""
 
     def __init__(self, workdir: Path, cwd: Path, nodes: list[Node] | None = None,
-                 images: dict[str, str | None] | None = None, claims: dict[str, str | None] | None = None):
+                 images: dict[str, str | None] | None = None, claims: dict[str, str | None] | None = None,
+                 pod_security: str | None = None, service_accounts: set[str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cwd = Path(cwd)
@@ -227,6 +235,8 @@ class KubernetesJobsStub:
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
         self.images = images  # image -> pull Secret its registry needs (None: public); None: every image pulls
         self.claims = claims  # PVC name -> mount error (None: mounts); None: every claim exists and mounts
+        self.pod_security = pod_security  # "restricted": the namespace enforces that PodSecurity level
+        self.service_accounts = service_accounts  # names that exist; None: any
         self.unhandled: list[str] = []  # calls the stand-in does not implement (a test may assert there are none)
         self._lock = threading.RLock()
         self._stopping = False
@@ -618,8 +628,26 @@ class KubernetesJobsStub:
         self.unhandled.append(f"{method} {req.path}")
         reply(404, _status(404, "NotFound", f"the Kubernetes stand-in does not implement {method} {url.path}"))
 
+    def _admission(self, job: RecordedJob) -> str | None:
+        """Why the API server refuses the Job's pod, in its words, or None."""
+        from batch_assets.pod_security import restricted_violations
+
+        prefix = f'Error creating: pods "{job.name}" is forbidden:'
+        account = job.pod_spec.get("serviceAccountName") or "default"
+        if self.service_accounts is not None and account not in self.service_accounts:
+            return (f"{prefix} error looking up service account {job.namespace}/{account}: serviceaccount "
+                    f'"{account}" not found')
+        if self.pod_security == "restricted":
+            broken = restricted_violations(job.pod_spec)
+            if broken:
+                return f'{prefix} violates PodSecurity "restricted:latest": {"; ".join(broken)}'
+        return None
+
     def _create(self, namespace: str, body: dict[str, Any]) -> RecordedJob:
         job = RecordedJob(namespace, body, self.workdir / f"{body['metadata']['name']}.log")
+        job.create_error = self._admission(job)
+        if job.create_error:
+            job.pod_gone = True  # the pod was never created: nothing to schedule, list or delete
         with self._lock:
             self.jobs.append(job)
         self._schedule_pending()
@@ -632,6 +660,10 @@ class KubernetesJobsStub:
     def _events(self, job: RecordedJob) -> list[dict[str, Any]]:
         involved = {"kind": "Pod", "name": self._pod_name(job), "namespace": job.namespace}
         found = []
+        if job.create_error:
+            return [{"type": "Warning", "reason": "FailedCreate", "message": job.create_error,
+                     "involvedObject": {"kind": "Job", "name": job.name, "namespace": job.namespace},
+                     "metadata": {"name": f"{job.name}.create"}}]
         if job.unschedulable:
             found.append({"type": "Warning", "reason": "FailedScheduling", "message": job.unschedulable,
                           "involvedObject": involved, "metadata": {"name": f"{job.name}.scheduling"}})

@@ -230,14 +230,19 @@ def test_an_infer_pod_no_node_can_take_fails_its_step_in_time_and_frees_its_slot
 def test_an_infer_pod_whose_image_or_volume_never_comes_fails_its_step_and_frees_its_slot(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22: a step pod bound to a node but never started (an image that does not pull, a volume that does not
-    mount) held its GPUs, the run and the `gpu` pool slot forever. Now it fails its step after
-    BATCH_STEP_START_GRACE_SECONDS, naming the image or the volume and object, its Job deleted, not retried."""
+    mount) held its GPUs, the run and the `gpu` pool slot forever; so did a Job whose pod the namespace's
+    PodSecurity level refuses (no pod at all). Now each fails its step after BATCH_STEP_START_GRACE_SECONDS,
+    naming the image, the volume and object, or the rule, its Job deleted, not retried. The namespace enforces
+    PodSecurity `restricted` and has only the chart's service account: every other pod of these runs is admitted."""
     image = "registry.example.com/batch-assets:test"  # the code location's image (tests/k8s/conftest.py)
     cluster = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE],
-                                 images={image: "batch-assets-registry"}).start()
+                                 images={image: "batch-assets-registry"}, pod_security="restricted",
+                                 service_accounts={"dagster"}).start()
     try:
         spec = _pipeline(tmp_path, {"gpus": 1})
+        spec["partitioning"]["keys"] = ["a", "b", "c"]
         write_jsonl(tmp_path / "data" / "b.jsonl", [{"doc_id": "b0", "text": "b0"}])
+        write_jsonl(tmp_path / "data" / "c.jsonl", [{"doc_id": "c0", "text": "c0"}])
         deployment, defs, _ = _deploy(tmp_path, cluster, spec, monkeypatch,
                                       settings={"BATCH_STEP_START_GRACE_SECONDS": "2"})
         typo = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
@@ -247,10 +252,13 @@ def test_an_infer_pod_whose_image_or_volume_never_comes_fails_its_step_and_frees
             "container_config": {"volume_mounts": [{"name": "prompts", "mount_path": "/prompts"}]}}}}}}
         with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
                 code_location(instance, defs, deployment.container_context) as context:
+            escalate = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+                "container_config": {"security_context": {"allow_privilege_escalation": True}}}}}}}
             bad_image = launch(context, "gpu_docs_job", "a", run_config=typo)
             bad_volume = launch(context, "gpu_docs_job", "b", run_config=volume)
+            refused = launch(context, "gpu_docs_job", "c", run_config=escalate)
             dequeue(context)
-            for run_id in (bad_image, bad_volume):
+            for run_id in (bad_image, bad_volume, refused):
                 assert _finished(instance, run_id, cluster).status == dg.DagsterRunStatus.FAILURE
             (pull,) = _step_failures(instance, bad_image)  # once: not retried by the step's RetryPolicy
             assert "its pod never started" in pull and "gpu_docs__inferred" in pull, pull
@@ -260,7 +268,13 @@ def test_an_infer_pod_whose_image_or_volume_never_comes_fails_its_step_and_frees
             (mount,) = _step_failures(instance, bad_volume)
             assert "its pod never started" in mount and "a volume never mounted" in mount, mount
             assert 'volume "prompts" : configmap "batch-assets-prompts" not found' in mount
-            for run_id in (bad_image, bad_volume):
+            (admission,) = _step_failures(instance, refused)
+            assert "its pod never started" in admission and "Kubernetes refused to create it" in admission, admission
+            assert 'violates PodSecurity "restricted:latest"' in admission
+            assert "allowPrivilegeEscalation must be false" in admission
+            # the run workers and the read/prepare steps of these runs were admitted: the values pass restricted
+            assert all(j.create_error is None for j in cluster.jobs if j.step_key != "gpu_docs__inferred")
+            for run_id in (bad_image, bad_volume, refused):
                 (infer,) = [j for j in cluster.jobs_for_run(run_id) if j.step_key == "gpu_docs__inferred"]
                 assert infer.deleted and infer.pod_gone and infer.process is None
             # the `gpu` slot (limit 1) was freed each time: the second run's infer step got it, and nothing holds it

@@ -54,10 +54,12 @@ RUNS = """{ runsOrError { ... on Runs { results { runId status tags { key value 
 
 def _rendered_env(stub: KubernetesJobsStub, deployment: dict[str, Any]) -> dict[str, str]:
     """The environment the kubelet gives the Deployment's first container: its env and envFrom, resolved against
-    the ConfigMaps and Secrets in the stand-in (a missing one fails here, as the pod would not start)."""
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    the ConfigMaps and Secrets in the stand-in (a missing one fails here, as the pod would not start), once the
+    pod passed the namespace's admission (PodSecurity, its service account)."""
     job = RecordedJob(NS, {"metadata": {"name": deployment["metadata"]["name"]},
-                           "spec": {"template": {"spec": {"containers": [container]}}}}, Path("/dev/null"))
+                           "spec": {"template": deployment["spec"]["template"]}}, Path("/dev/null"))
+    refused = stub._admission(job)
+    assert refused is None, refused
     return stub._container_env(job)
 
 
@@ -87,7 +89,11 @@ def _launch(port: int, job: str, partition: str) -> str:
 @pytest.fixture
 def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fixture above
     rendered = chart.render()  # k8s/values.yaml as shipped, through the real helm
-    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE]).start()
+    # the namespace enforces PodSecurity `restricted` and holds the chart's service accounts only: a pod of the
+    # deployment that breaks the profile or names another account is refused, as the API server would
+    accounts = {d["metadata"]["name"] for d in rendered.manifests if d["kind"] == "ServiceAccount"}
+    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE], pod_security="restricted",
+                              service_accounts=accounts).start()
     home, pipelines, store, data = (tmp_path / "home", tmp_path / "pipelines", tmp_path / "store", tmp_path / "data")
     for folder in (home, pipelines, data):
         folder.mkdir()
@@ -193,6 +199,7 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
     infer = stub.step_jobs(first)["gpu_docs__inferred"]
     assert infer.node == "gpu-1" and infer.resources["limits"]["nvidia.com/gpu"] == "1"
     assert {j.component for j in stub.jobs_for_run(first)} == {"run_worker", "step_worker"}
+    assert not [j.create_error for j in stub.jobs if j.create_error]  # every pod admitted under `restricted`
     assert sorted(pq.read_table(store / "gpu_docs" / "output" / "a.parquet").column("doc_id").to_pylist()) == sorted(
         f"a{i}" for i in range(ROWS))
     wait_for("the queued run to run and succeed", lambda: status(second) == "SUCCESS", None, 420, interval=2,
