@@ -12,9 +12,10 @@
   same partition waits in the queue while the first runs; a sensor on a folder launches a run of its own.
 
 Red with the values shipped before issue 22: every process refuses the rendered instance (max_concurrent_runs).
-What is still a stand-in: the cluster (tests/k8s/stub.py), the instance ConfigMap mount (DAGSTER_HOME is a folder
-holding the rendered dagster.yaml), compute logs (local, not S3) and the storage root (one local disk shared by
-every "pod", declared with BATCH_STORAGE_ROOT_SHARED).
+The storage root and the compute logs are on S3 (a real S3-protocol server on loopback, moto), as in production.
+What is still a stand-in: the cluster (tests/k8s/stub.py, enforcing PodSecurity `restricted` and the chart's
+service accounts), the instance ConfigMap mount (DAGSTER_HOME is a folder holding the rendered dagster.yaml), and
+the pipelines' source files (local paths every "pod" on this machine can read).
 """
 
 from __future__ import annotations
@@ -87,14 +88,17 @@ def _launch(port: int, job: str, partition: str) -> str:
 
 
 @pytest.fixture
-def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  # noqa: F811 - the fixture above
+def rehearsal(tmp_path: Path, postgres_port: int, s3_bucket: str,  # noqa: F811 - the fixture above
+              s3_server: str) -> Iterator[dict[str, Any]]:
+    import boto3
+
     rendered = chart.render()  # k8s/values.yaml as shipped, through the real helm
     # the namespace enforces PodSecurity `restricted` and holds the chart's service accounts only: a pod of the
     # deployment that breaks the profile or names another account is refused, as the API server would
     accounts = {d["metadata"]["name"] for d in rendered.manifests if d["kind"] == "ServiceAccount"}
     stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE], pod_security="restricted",
                               service_accounts=accounts).start()
-    home, pipelines, store, data = (tmp_path / "home", tmp_path / "pipelines", tmp_path / "store", tmp_path / "data")
+    home, pipelines, data = tmp_path / "home", tmp_path / "pipelines", tmp_path / "data"
     for folder in (home, pipelines, data):
         folder.mkdir()
     subprocess.run([_pg_bin("createuser"), "-h", "127.0.0.1", "-p", str(postgres_port), "-U", "postgres", "-s",
@@ -107,7 +111,10 @@ def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  
         db.update({"hostname": "127.0.0.1", "port": postgres_port, "params": {}})  # no TLS on loopback
     instance["run_launcher"]["config"].update({"load_incluster_config": False, "kubeconfig_file": str(stub.kubeconfig),
                                                "dagster_home": str(home)})
-    instance.pop("compute_logs")  # S3 in production; local files here
+    # compute logs in the rendered bucket, on the S3-protocol server (an S3-compatible store: its endpoint)
+    logs = instance["compute_logs"]["config"]
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=logs["bucket"])
+    logs["endpoint_url"] = s3_server
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance))
     workspace = yaml.safe_load(rendered.config_maps()["dagster-workspace-yaml"]["workspace.yaml"])
     (grpc,) = [entry["grpc_server"] for entry in workspace["load_from"]]
@@ -120,13 +127,16 @@ def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  
     # what `kubectl apply` of the chart and of k8s/ leaves in the namespace
     for name, cm in rendered.config_maps().items():
         stub.create_config_map(name, cm, namespace=NS)
+    # the storage root on S3, as k8s/config.yaml has it (no BATCH_STORAGE_ROOT_SHARED: every pod is on its own)
+    store = f"{s3_bucket}/batch"
     settings = {**yaml.safe_load((ROOT / "k8s" / "config.yaml").read_text())["data"],
-                "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
-                "BATCH_STORAGE_ROOT_SHARED": "1",  # every "pod" runs on this machine: one shared disk
+                "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": store,
+                "AWS_ENDPOINT_URL": s3_server, "AWS_REGION": "us-east-1",  # an S3-compatible store
                 "PYTHONPATH": str(ROOT)}  # the tests' model classes (a real image has the user's package)
     stub.create_config_map("batch-assets-config", settings, namespace=NS)
-    for name in ("batch-assets-s3", "batch-assets-hf"):
-        stub.create_secret(name, {}, namespace=NS)
+    stub.create_secret("batch-assets-s3", {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                           "AWS_REGION": "us-east-1"}, namespace=NS)
+    stub.create_secret("batch-assets-hf", {}, namespace=NS)
     stub.create_secret("dagster-postgresql-secret", {"postgresql-password": "trust-auth-ignores-it"}, namespace=NS)
     stub.create_secret("batch-assets-registry", {".dockerconfigjson": "{}"}, namespace=NS)
 
@@ -161,7 +171,8 @@ def rehearsal(tmp_path: Path, postgres_port: int) -> Iterator[dict[str, Any]]:  
         proc, log = processes["webserver"]
         wait_ready(web_port, proc, log, seconds=180)
         yield {"stub": stub, "port": web_port, "home": home, "store": store, "postgres": postgres_port,
-               "logs": {k: v[1] for k, v in processes.items()}, "rendered": rendered}
+               "logs": {k: v[1] for k, v in processes.items()}, "rendered": rendered,
+               "compute_logs": (logs["bucket"], logs["prefix"]), "s3": s3_server}
     stub.stop()
 
 
@@ -174,9 +185,16 @@ def _listening(port: int) -> bool:
 
 def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_the_rendered_chart(
         rehearsal: dict[str, Any]) -> None:
+    import boto3
     import psycopg2
+    import s3fs
 
     stub, port, store = rehearsal["stub"], rehearsal["port"], rehearsal["store"]
+    fs = s3fs.S3FileSystem()  # the test's environment points at the S3-protocol server (s3_bucket)
+
+    def output(pipeline: str, partition: str):
+        return pq.read_table(f"{store}/{pipeline}/output/{partition}.parquet".removeprefix("s3://"), filesystem=fs)
+
     daemon_log = rehearsal["logs"]["daemon"]
 
     def diagnose() -> str:
@@ -200,8 +218,7 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
     assert infer.node == "gpu-1" and infer.resources["limits"]["nvidia.com/gpu"] == "1"
     assert {j.component for j in stub.jobs_for_run(first)} == {"run_worker", "step_worker"}
     assert not [j.create_error for j in stub.jobs if j.create_error]  # every pod admitted under `restricted`
-    assert sorted(pq.read_table(store / "gpu_docs" / "output" / "a.parquet").column("doc_id").to_pylist()) == sorted(
-        f"a{i}" for i in range(ROWS))
+    assert sorted(output("gpu_docs", "a").column("doc_id").to_pylist()) == sorted(f"a{i}" for i in range(ROWS))
     wait_for("the queued run to run and succeed", lambda: status(second) == "SUCCESS", None, 420, interval=2,
              diagnose=diagnose)
 
@@ -210,7 +227,7 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
         (r for r in _runs(port) if r["tags"].get("dagster/sensor_name") == "inbox_new_files_sensor"
          and r["status"] == "SUCCESS"), None), None, 420, interval=2, diagnose=diagnose)
     assert sensor_run["tags"]["dagster/partition"] == "first"
-    assert pq.read_table(store / "inbox" / "output" / "first.parquet").num_rows == 3
+    assert output("inbox", "first").num_rows == 3
     assert stub.jobs_for_run(sensor_run["runId"])
 
     # the runs' events are in the deployment's Postgres, written by the run and step pods
@@ -222,4 +239,12 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
     # (the run's own events keep their legacy names in the table: PIPELINE_SUCCESS is RUN_SUCCESS)
     assert events.get("PIPELINE_SUCCESS") == 1 and events.get("STEP_SUCCESS") == 4, events
     assert events.get("ASSET_MATERIALIZATION", 0) >= 4, events
-    print(json.dumps({"runs": len(_runs(port)), "jobs": len(stub.jobs), "events of the first run": events}))
+    # and the step logs in the S3 compute log manager's bucket, uploaded by the step pods
+    bucket, prefix = rehearsal["compute_logs"]
+    listed = boto3.client("s3", endpoint_url=rehearsal["s3"], region_name="us-east-1").list_objects_v2(
+        Bucket=bucket, Prefix=f"{prefix}/storage/{first}/")
+    keys = [o["Key"] for o in listed.get("Contents", [])]
+    # one .out and one .err per step (LOGS_CAPTURED 4), uploaded by the step pods, not left on their disks
+    assert len([k for k in keys if k.endswith(".out")]) == 4 and len([k for k in keys if k.endswith(".err")]) == 4, keys
+    print(json.dumps({"runs": len(_runs(port)), "jobs": len(stub.jobs), "events of the first run": events,
+                      "compute log objects": keys}))
