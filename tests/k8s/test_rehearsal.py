@@ -43,8 +43,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(K8S_GROUP)]
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = chart.NAMESPACE
-GPU_NODE = Node("gpu-1", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
-                taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+GPU_NODES = [Node(f"gpu-{i}", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
+                  taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]) for i in (1, 2)]
 ROWS = 12
 
 LAUNCH = """mutation($params: ExecutionParams!) { launchPipelineExecution(executionParams: $params) {
@@ -96,7 +96,7 @@ def rehearsal(tmp_path: Path, postgres_port: int, s3_bucket: str,  # noqa: F811 
     # the namespace enforces PodSecurity `restricted` and holds the chart's service accounts only: a pod of the
     # deployment that breaks the profile or names another account is refused, as the API server would
     accounts = {d["metadata"]["name"] for d in rendered.manifests if d["kind"] == "ServiceAccount"}
-    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE], pod_security="restricted",
+    stub = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, *GPU_NODES], pod_security="restricted",
                               service_accounts=accounts).start()
     home, pipelines, data = tmp_path / "home", tmp_path / "pipelines", tmp_path / "data"
     for folder in (home, pipelines, data):
@@ -148,7 +148,8 @@ def rehearsal(tmp_path: Path, postgres_port: int, s3_bucket: str,  # noqa: F811 
                                                            "init_kwargs": {"log": str(tmp_path / "model.log"),
                                                                            "seconds": 0.5}}},
                 "runtime": {"gpus": 1, "chunk_rows": 4}}
-    write_jsonl(data / "a.jsonl", [{"doc_id": f"a{i}", "text": f"a{i}"} for i in range(ROWS)])
+    for key in ("a", "b"):
+        write_jsonl(data / f"{key}.jsonl", [{"doc_id": f"{key}{i}", "text": f"{key}{i}"} for i in range(ROWS)])
     inbox = inbox_spec(str(tmp_path / "inbox"), min_age_seconds=0, interval_seconds=5)
     inbox["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "inbox.log")
     drop(tmp_path / "inbox", "first", rows=3)
@@ -156,6 +157,10 @@ def rehearsal(tmp_path: Path, postgres_port: int, s3_bucket: str,  # noqa: F811 
         (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
 
     deployments = {d["metadata"]["name"]: d for d in rendered.manifests if d["kind"] == "Deployment"}
+    # docs/deployment.md step 9, before the first run: the `gpu` pool's limit, set in the instance (Postgres)
+    daemon_env = {**_rendered_env(stub, deployments["dagster-daemon"]), "DAGSTER_HOME": str(home)}
+    subprocess.run(["dagster", "instance", "concurrency", "set", "gpu", "1"], env=daemon_env, cwd=ROOT, check=True,
+                   capture_output=True, timeout=120)
     web_port = free_port()
     paths = {"/dagster-workspace/workspace.yaml": str(tmp_path / "workspace" / "workspace.yaml"),
              "0.0.0.0": "127.0.0.1", "3030": str(grpc_port), "80": str(web_port)}
@@ -172,7 +177,8 @@ def rehearsal(tmp_path: Path, postgres_port: int, s3_bucket: str,  # noqa: F811 
         wait_ready(web_port, proc, log, seconds=180)
         yield {"stub": stub, "port": web_port, "home": home, "store": store, "postgres": postgres_port,
                "logs": {k: v[1] for k, v in processes.items()}, "rendered": rendered,
-               "compute_logs": (logs["bucket"], logs["prefix"]), "s3": s3_server}
+               "compute_logs": (logs["bucket"], logs["prefix"]), "s3": s3_server,
+               "model_log": tmp_path / "model.log"}
     stub.stop()
 
 
@@ -206,6 +212,7 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
 
     first = _launch(port, "gpu_docs_job", "a")
     second = _launch(port, "gpu_docs_job", "a")
+    other = _launch(port, "gpu_docs_job", "b")  # runs beside the first: the `gpu` pool (limit 1) serializes infer
     wait_for("the first run to start", lambda: status(first) in ("STARTING", "STARTED"), None, 180,
              diagnose=diagnose)
     wait_for("the first run's infer step Job", lambda: stub.step_jobs(first).get("gpu_docs__inferred"), None, 300,
@@ -215,12 +222,18 @@ def test_the_deployment_runs_a_partition_a_queued_rerun_and_a_sensor_run_from_th
     assert not stub.jobs_for_run(second)
     wait_for("the first run to succeed", lambda: status(first) == "SUCCESS", None, 420, interval=2, diagnose=diagnose)
     infer = stub.step_jobs(first)["gpu_docs__inferred"]
-    assert infer.node == "gpu-1" and infer.resources["limits"]["nvidia.com/gpu"] == "1"
+    assert infer.node in ("gpu-1", "gpu-2") and infer.resources["limits"]["nvidia.com/gpu"] == "1"
     assert {j.component for j in stub.jobs_for_run(first)} == {"run_worker", "step_worker"}
     assert not [j.create_error for j in stub.jobs if j.create_error]  # every pod admitted under `restricted`
     assert sorted(output("gpu_docs", "a").column("doc_id").to_pylist()) == sorted(f"a{i}" for i in range(ROWS))
     wait_for("the queued run to run and succeed", lambda: status(second) == "SUCCESS", None, 420, interval=2,
              diagnose=diagnose)
+    wait_for("partition b's run to succeed", lambda: status(other) == "SUCCESS", None, 420, interval=2,
+             diagnose=diagnose)
+    # Two GPU nodes had room for both infer pods at once: the `gpu` pool's one slot, claimed in Postgres, kept the
+    # two infer steps apart (the model's calls of one partition never interleave with the other's)
+    calls = [line.split()[1][0] for line in (rehearsal["model_log"]).read_text().splitlines()]
+    assert sorted(calls) == ["a"] * 3 + ["b"] * 3 and calls in (["a"] * 3 + ["b"] * 3, ["b"] * 3 + ["a"] * 3), calls
 
     # the sensor on the inbox folder launched its own run through the queue and the launcher
     sensor_run = wait_for("a sensor run to succeed", lambda: next(
