@@ -71,7 +71,8 @@ def chart_path() -> Path:
 
 
 def render(values_files: Sequence[Path] = (VALUES,), chart: Path | None = None, namespace: str = NAMESPACE,
-           release: str = RELEASE, set_values: Sequence[str] = (), extra_args: Sequence[str] = ()) -> list[dict[str, Any]]:
+           release: str = RELEASE, set_values: Sequence[str] = (),
+           extra_args: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`helm template <release> <chart> -n <namespace> -f <values>...`: the manifests the chart installs."""
     with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
         # helm's own cache/config/data in a throwaway folder: the user's repositories and plugins play no part
@@ -194,8 +195,8 @@ def sample_jobs(instance_config: dict[str, Any], context: dict[str, Any] | None,
     merged = step_container_context(merged, resources)
     job_config = merged.get_k8s_job_config(None, launcher)
     step_job = construct_dagster_k8s_job(
-        job_config=job_config.with_image(image), args=["dagster", "api", "execute_step"], job_name="dagster-step-sample",
-        pod_name="dagster-step-sample", component="step_worker", user_defined_k8s_config=merged.run_k8s_config,
+        job_config=job_config.with_image(image), args=["dagster", "api", "execute_step"],
+        job_name="dagster-step-sample", pod_name="dagster-step-sample", component="step_worker", user_defined_k8s_config=merged.run_k8s_config,
         labels={"dagster/op": f"{spec.name}__inferred"})
     return {name: ApiClient().sanitize_for_serialization(job)
             for name, job in (("run worker", run_job), ("infer step", step_job))}
@@ -241,7 +242,8 @@ def check(values_files: Sequence[Path], chart: Path | None = None, namespace: st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make k8s-check", description=__doc__.split("\n")[0])
     parser.add_argument("values", nargs="*", type=Path, default=[VALUES], help="values files (default k8s/values.yaml)")
-    parser.add_argument("--chart", type=Path, default=None, help="chart folder (default: $DAGSTER_CHART, k8s/chart/dagster)")
+    parser.add_argument("--chart", type=Path, default=None,
+                        help="chart folder (default: $DAGSTER_CHART, else k8s/chart/dagster)")
     parser.add_argument("--namespace", default=NAMESPACE)
     parser.add_argument("--release", default=RELEASE)
     args = parser.parse_args(argv)

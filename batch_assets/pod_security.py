@@ -44,7 +44,8 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
         if "hostPath" in kinds:
             problems.append(f"volume {volume.get('name')} is a hostPath")
         elif not set(kinds) <= ALLOWED_VOLUMES:
-            problems.append(f"volume {volume.get('name')} has type {kinds}: restricted allows {sorted(ALLOWED_VOLUMES)}")
+            problems.append(f"volume {volume.get('name')} has type {kinds}: restricted allows "
+                            f"{sorted(ALLOWED_VOLUMES)}")
     for sysctl in pod_sc.get("sysctls") or []:
         if sysctl.get("name") not in SAFE_SYSCTLS:
             problems.append(f"sysctl {sysctl.get('name')} is not a safe sysctl")
@@ -79,5 +80,6 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
             problems.append(f"{where}: securityContext.capabilities.drop must include ALL")
         added = set(capabilities.get("add") or []) - RESTRICTED_ADDABLE
         if added:
-            problems.append(f"{where}: securityContext.capabilities.add may only hold NET_BIND_SERVICE, not {sorted(added)}")
+            problems.append(f"{where}: securityContext.capabilities.add may only hold NET_BIND_SERVICE, "
+                            f"not {sorted(added)}")
     return problems

@@ -340,10 +340,11 @@ class KubernetesJobsStub:
 
     def failures(self) -> str:
         """Output of every Job whose pod failed or could not start (for assertion messages)."""
-        return "\n\n".join(
-            f"--- {j.name} ({j.phase}, exit {j.exit_code()}, {j.terminated_reason or j.waiting or j.unschedulable}) "
-            f"---\n{j.output()[-3000:]}"
-            for j in self.jobs if j.phase == "Failed" or j.waiting or j.unschedulable)
+        def why(j: RecordedJob) -> Any:
+            return j.terminated_reason or j.waiting or j.unschedulable or j.create_error or j.mount_error
+
+        return "\n\n".join(f"--- {j.name} ({j.phase}, exit {j.exit_code()}, {why(j)}) ---\n{j.output()[-3000:]}"
+                             for j in self.jobs if j.phase == "Failed" or why(j))
 
     # -- the scheduler and the kubelet -------------------------------------------------------------------------
     def _bound(self, node: Node) -> list[RecordedJob]:
@@ -673,7 +674,8 @@ class KubernetesJobsStub:
         if job.pull_message:
             found.append({"type": "Warning", "reason": "Failed", "message": job.pull_message,
                           "involvedObject": involved, "metadata": {"name": f"{job.name}.pull"}})
-            found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {job.waiting[0] if job.waiting else 'ErrImagePull'}",
+            error = job.waiting[0] if job.waiting else "ErrImagePull"
+            found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {error}",
                           "involvedObject": involved, "metadata": {"name": f"{job.name}.pull-error"}})
         elif job.waiting:
             found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {job.waiting[1]}",

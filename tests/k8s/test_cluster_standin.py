@@ -229,7 +229,8 @@ def test_a_pod_whose_image_or_volume_never_comes_is_bound_but_never_starts(tmp_p
         job("no-creds", private)
         job("with-creds", private, {"imagePullSecrets": [{"name": "regcred"}]})
         job("no-map", "busybox:1", {"volumes": [{"name": "cfg", "configMap": {"name": "nowhere"}}]})
-        job("stuck-claim", "busybox:1", {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "stuck-claim"}}]})
+        job("stuck-claim", "busybox:1",
+            {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "stuck-claim"}}]})
         job("no-claim", "busybox:1", {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "nope"}}]})
         _wait("the pod with credentials to run", lambda: _pod(core, "with-creds").status.phase == "Succeeded")
 
