@@ -27,11 +27,11 @@ What upstream leaves to chance, and this executor does not:
   zero fits), whose container cannot be configured (a missing Secret or ConfigMap: at once), or that is bound to a
   node but whose image does not pull (ErrImagePull / ImagePullBackOff) or whose volume does not mount (FailedMount),
   or whose pod the API server refuses to create (the Job's FailedCreate: PodSecurity, a missing service account, a
-  quota) for BATCH_STEP_START_GRACE_SECONDS (default 300, counted from the first error), fails its step with what it asked
-  for and why it never started, naming the image, volume or Secret; its Job is deleted, its pool slot freed, and it
-  is not retried (retrying cannot make a node, an image or a volume appear). The run monitor does not cover step
-  pods: it times only the run worker's start. A failed Job's message says whether its pod was OOMKilled or evicted; those are retried by
-  the step's RetryPolicy, and an infer step resumes from its chunk checkpoints. A pod stopped gracefully (SIGTERM, then
+  quota) for BATCH_STEP_START_GRACE_SECONDS (default 300, counted from the first error), fails its step with what
+  it asked for and why it never started, naming the image, volume or Secret; its Job is deleted, its pool slot
+  freed, and it is not retried (retrying cannot make a node, an image or a volume appear). The run monitor does not
+  cover step pods: it times only the run worker's start. A failed Job's message says whether its pod was OOMKilled
+  or evicted; those are retried by the step's RetryPolicy, and an infer step resumes from its chunk checkpoints. A pod stopped gracefully (SIGTERM, then
   SIGKILL: a drain, a spot interruption handler) is retried the same way (tests/k8s/test_gpu_cluster.py).
 - **Step pods carry no service-account token** (`automountServiceAccountToken: false`): only the run worker talks
   to the Kubernetes API (it creates the step Jobs).
@@ -247,7 +247,7 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
             problem = f"its image {image} cannot be pulled: {waiting[0]}: {pulled or waiting[1]}"
             fix = ("check the image name and tag; for a private registry, name its Secret in imagePullSecrets "
                    "(k8s/values.yaml) and create it in the namespace (docs/deployment.md, step 6)")
-        else:
+        elif waiting is None or waiting[0] == "ContainerCreating":  # volumes mount before the container is created
             mount = self._pod_events(namespace, pod, "FailedMount", "")
             if mount:
                 problem = f"a volume never mounted: {mount}"
