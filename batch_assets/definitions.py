@@ -30,7 +30,7 @@ from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
-from batch_assets.storage import ArrowStorage
+from batch_assets.storage import DEFAULT_STORAGE_ROOT, ArrowStorage, check_root_for_executor
 
 # `dg launch --assets "group:<name>"` parses the selection with AssetSelection.groups(include_sources=...), a
 # parameter dagster 1.13 marks beta, so every launch printed a BetaWarning about Dagster's own call; silenced here,
@@ -138,6 +138,8 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
         from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
 
         executor = batch_k8s_executor(pipeline_specs(pipelines))  # every pipeline's, components' too
+        # refused when the code location loads, before any run: the same check every step makes at run time
+        check_root_for_executor(os.environ.get("BATCH_STORAGE_ROOT") or DEFAULT_STORAGE_ROOT)
     else:
         executor = local_executor()  # in_process by default; see batch_assets/orchestration/executors.py
     shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,

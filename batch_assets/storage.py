@@ -36,6 +36,26 @@ def is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
+SHARED_ROOT_ENV = "BATCH_STORAGE_ROOT_SHARED"
+
+
+def check_root_for_executor(root: str) -> None:
+    """Under BATCH_EXECUTOR=k8s every step runs in its own pod, usually on another node: a local storage root is a
+    different, empty folder in each, so prepare would find no raw rows and the outputs would vanish with the pod.
+    Refused unless the deployment says the path is one volume mounted at the same path in every pod."""
+    if os.environ.get("BATCH_EXECUTOR") != "k8s" or is_remote(root):
+        return
+    if os.environ.get(SHARED_ROOT_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return
+    raise PipelineError(
+        f"storage root {root!r} is a local folder, but BATCH_EXECUTOR=k8s runs every step in its own pod: each "
+        "would write to its own disk, and the outputs would be lost with the pod",
+        file=root,
+        fix="set BATCH_STORAGE_ROOT to s3://bucket/prefix in k8s/config.yaml (docs/deployment.md); or, if this path "
+            f"is a ReadWriteMany volume mounted at the same path in every pod, say so with {SHARED_ROOT_ENV}=1",
+    )
+
+
 def resolve_local(path: str) -> str:
     """Relative local paths are resolved against the project folder, so a spec means the same from any cwd."""
     path = path.removeprefix("file://")
@@ -254,6 +274,7 @@ class ArrowStorage(dg.ConfigurableResource):
 
     def resolved_root(self) -> str:
         root = self.root or os.environ.get("BATCH_STORAGE_ROOT") or DEFAULT_STORAGE_ROOT
+        check_root_for_executor(root)
         return root if is_remote(root) else resolve_local(root)
 
     def stage_url(self, pipeline: str, stage: str, partition: str) -> str:

@@ -54,6 +54,11 @@ COVERED: list[tuple[str, str]] = [
     # docs/BENCHMARKS.md: `make bench` runs bench/run.py, which the smoke test runs at tiny sizes with the same knobs
     (r"((BENCH_PROFILE|BENCH_PEERS|BENCH_SECTIONS|BENCH_BEFORE_TREE)=\S+ )?make bench",
      "tests/test_bench_smoke.py::test_bench_harness_at_tiny_sizes"),
+    # docs/deployment.md, step one: the pre-deploy check, and the air-gapped install's flag (rendered with it)
+    (r'make k8s-check( K8S_VALUES="[^"]+")?( DAGSTER_CHART=\S+)?', "tests/k8s/test_k8s_check.py::"
+     "test_make_k8s_check_fails_on_the_values_that_would_crash_loop_and_on_a_pod_restricted_refuses"),
+    (r"helm upgrade --install dagster \./dagster-1\.13\.27\.tgz -n batch -f k8s/values\.yaml --skip-schema-validation",
+     "tests/k8s/test_k8s_check.py::test_an_air_gapped_install_renders_with_skip_schema_validation"),
 ]
 # Commands that cannot run on the CPU machines this project is tested on, with the reason the docs also give.
 NOT_RUNNABLE = {

@@ -24,10 +24,14 @@ What upstream leaves to chance, and this executor does not:
 - **A pod that cannot start fails its step.** Upstream's health check only sees a failed Job; a pod Pending forever
   (no node with that many GPUs, a wrong node selector, a missing toleration) would hang the run and hold its pool
   slot. A step pod unschedulable for BATCH_STEP_PENDING_TIMEOUT_SECONDS (default 900: a GPU node scaling up from
-  zero fits), or whose container cannot be configured (a missing Secret or ConfigMap), fails its step with what it
-  asked for and why no node fit; its Job is deleted, its pool slot freed, and it is not retried (retrying cannot
-  make a node appear). A failed Job's message says whether its pod was OOMKilled or evicted; those are retried by
-  the step's RetryPolicy, and an infer step resumes from its chunk checkpoints. A pod stopped gracefully (SIGTERM, then
+  zero fits), whose container cannot be configured (a missing Secret or ConfigMap: at once), or that is bound to a
+  node but whose image does not pull (ErrImagePull / ImagePullBackOff) or whose volume does not mount (FailedMount),
+  or whose pod the API server refuses to create (the Job's FailedCreate: PodSecurity, a missing service account, a
+  quota) for BATCH_STEP_START_GRACE_SECONDS (default 300, counted from the first error), fails its step with what
+  it asked for and why it never started, naming the image, volume or Secret; its Job is deleted, its pool slot
+  freed, and it is not retried (retrying cannot make a node, an image or a volume appear). The run monitor does not
+  cover step pods: it times only the run worker's start. A failed Job's message says whether its pod was OOMKilled
+  or evicted; those are retried by the step's RetryPolicy, and an infer step resumes from its chunk checkpoints. A pod stopped gracefully (SIGTERM, then
   SIGKILL: a drain, a spot interruption handler) is retried the same way (tests/k8s/test_gpu_cluster.py).
 - **Step pods carry no service-account token** (`automountServiceAccountToken: false`): only the run worker talks
   to the Kubernetes API (it creates the step Jobs).
@@ -59,7 +63,7 @@ from dagster._core.storage.tags import (
 )
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.executor import _K8S_EXECUTOR_CONFIG_SCHEMA, K8sStepHandler
-from dagster_k8s.job import UserDefinedDagsterK8sConfig
+from dagster_k8s.job import UserDefinedDagsterK8sConfig, get_user_defined_k8s_config
 from dagster_k8s.launcher import K8sRunLauncher
 
 from batch_assets.orchestration.resource_policy import (
@@ -79,21 +83,36 @@ GPU_NODE_SELECTOR_ENV = "BATCH_GPU_NODE_SELECTOR"
 GPU_TOLERATIONS_ENV = "BATCH_GPU_TOLERATIONS"
 PENDING_TIMEOUT_ENV = "BATCH_STEP_PENDING_TIMEOUT_SECONDS"
 DEFAULT_PENDING_TIMEOUT_S = 900
+# A pod bound to a node whose image will not pull or whose volume will not mount: the kubelet retries forever, and
+# a registry hiccup or a slow volume attach can clear on its own, so the step fails only after this long in that
+# state (counted from the first error, never from the pod's creation: a slow but healthy pull of a big image is not
+# timed).
+START_GRACE_ENV = "BATCH_STEP_START_GRACE_SECONDS"
+DEFAULT_START_GRACE_S = 300
+PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull")
 # In a step failure's message: the pod never ran, so a retry would only wait again (not retried).
 POD_NEVER_STARTED = "its pod never started"
 # Container states that will not fix themselves (the kubelet retries them forever).
 CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError", "InvalidImageName")
 
 
-def pending_timeout_s() -> float:
-    raw = os.environ.get(PENDING_TIMEOUT_ENV, "").strip()
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
     try:
-        value = float(raw) if raw else DEFAULT_PENDING_TIMEOUT_S
+        value = float(raw) if raw else default
     except ValueError:
-        raise ValueError(f"{PENDING_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
     if value <= 0:
-        raise ValueError(f"{PENDING_TIMEOUT_ENV} must be > 0 seconds, got {raw}")
+        raise ValueError(f"{name} must be > 0 seconds, got {raw}")
     return value
+
+
+def pending_timeout_s() -> float:
+    return _seconds(PENDING_TIMEOUT_ENV, DEFAULT_PENDING_TIMEOUT_S)
+
+
+def start_grace_s() -> float:
+    return _seconds(START_GRACE_ENV, DEFAULT_START_GRACE_S)
 
 
 def _env_json(name: str, kind: type) -> object | None:
@@ -141,6 +160,7 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         # _get_container_context runs on launch and on every health check: size partitions once per step.
         self._resolved: dict[tuple[str, str], StepResources] = {}
         self._pending_since: dict[str, float] = {}  # step Job -> when its pod was first seen unschedulable
+        self._failing_since: dict[str, float] = {}  # step Job -> when its bound pod first could not pull / mount
         self._warnings: dict[tuple[str, str], list[str]] = {}  # GPU layouts that waste GPUs, for the run log
 
     @property
@@ -170,8 +190,14 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         return self._resolved[cache_key]
 
     def _get_container_context(self, step_handler_context: StepHandlerContext) -> K8sContainerContext:
+        step_key = self._get_step_key(step_handler_context)
+        op_name = step_handler_context.get_step_context(step_key).step.op_name
+        # set for this step alone (op tags, per_step_k8s_config): kept under the policy for the keys it does not set
+        step_only = [get_user_defined_k8s_config(step_handler_context.step_tags[step_key]).container_config,
+                     (self._per_step_k8s_config.get(op_name) or {}).get("container_config") or {}]
         return step_container_context(super()._get_container_context(step_handler_context),
-                                      self.step_resources(step_handler_context))
+                                      self.step_resources(step_handler_context),
+                                      step_limits=_limits(*[c.get("resources") for c in step_only]))
 
     # -- pods that cannot start ----------------------------------------------------------------------------------
     def check_step_health(self, step_handler_context: StepHandlerContext) -> CheckStepHealthResult:
@@ -183,8 +209,11 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         if not result.is_healthy:
             ended = _pod_end(pod)
             return CheckStepHealthResult.unhealthy(f"{result.unhealthy_reason}{ended}") if ended else result
-        if pod is None or pod.status is None or pod.status.phase != "Pending":
+        if pod is None:  # the Job exists, its pod does not: refused by admission (PodSecurity, quota, account)?
+            return self._check_created(step_key, job_name, namespace, result)
+        if pod.status is None or pod.status.phase != "Pending":
             self._pending_since.pop(job_name, None)
+            self._failing_since.pop(job_name, None)
             return result
         waiting = _waiting(pod)
         if waiting is not None and waiting[0] in CONFIG_ERRORS:
@@ -193,8 +222,8 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
                                        "create the Secret / ConfigMap the pod names (docs/deployment.md, "
                                        "'Secrets'), or fix the image name")
         unschedulable = _unschedulable(pod)
-        if unschedulable is None:  # bound to a node, pulling the image: the run monitor times image pulls
-            return result
+        if unschedulable is None:  # bound to a node: its image must pull and its volumes mount
+            return self._check_start(step_key, job_name, namespace, pod, waiting, result)
         since = self._pending_since.setdefault(job_name, time.monotonic())
         timeout = pending_timeout_s()
         if time.monotonic() - since < timeout:
@@ -206,6 +235,64 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
             "tolerations in runtime.resources or BATCH_GPU_NODE_SELECTOR / BATCH_GPU_TOLERATIONS, or ask for fewer "
             "GPUs; raise the timeout if GPU nodes take longer to scale up",
         )
+
+    def _check_start(self, step_key: str, job_name: str, namespace: str, pod: Any, waiting: tuple[str, str] | None,
+                     healthy: CheckStepHealthResult) -> CheckStepHealthResult:
+        """A bound pod whose image does not pull or whose volume does not mount fails its step after the grace
+        period (the run monitor times only the run worker's start: nothing else would)."""
+        problem, fix = None, ""
+        if waiting is not None and waiting[0] in PULL_ERRORS:
+            image = pod.spec.containers[0].image if pod.spec and pod.spec.containers else "?"
+            pulled = self._pod_events(namespace, pod, "Failed", "Failed to pull image")
+            problem = f"its image {image} cannot be pulled: {waiting[0]}: {pulled or waiting[1]}"
+            fix = ("check the image name and tag; for a private registry, name its Secret in imagePullSecrets "
+                   "(k8s/values.yaml) and create it in the namespace (docs/deployment.md, step 6)")
+        elif waiting is None or waiting[0] == "ContainerCreating":  # volumes mount before the container is created
+            mount = self._pod_events(namespace, pod, "FailedMount", "")
+            if mount:
+                problem = f"a volume never mounted: {mount}"
+                fix = ("create the ConfigMap / Secret / PersistentVolumeClaim the volume names, or fix the claim "
+                       "(a ReadWriteOnce claim attached to another node never mounts here: use ReadWriteMany)")
+        if problem is None:
+            self._failing_since.pop(job_name, None)
+            return healthy
+        since = self._failing_since.setdefault(job_name, time.monotonic())
+        grace = start_grace_s()
+        if time.monotonic() - since < grace:
+            return healthy
+        self._failing_since.pop(job_name, None)
+        return self._never_started(step_key, job_name, namespace, f"{problem} (for {grace:g} s, {START_GRACE_ENV})",
+                                   fix)
+
+    def _check_created(self, step_key: str, job_name: str, namespace: str,
+                       healthy: CheckStepHealthResult) -> CheckStepHealthResult:
+        """A Job whose pod the API server refuses (FailedCreate: PodSecurity, a missing service account, a quota)
+        has no pod to watch and no failure either: the Job controller retries forever."""
+        refused = self._events(namespace, job_name, "Job", "FailedCreate", "")
+        if not refused:
+            self._failing_since.pop(job_name, None)
+            return healthy
+        since = self._failing_since.setdefault(job_name, time.monotonic())
+        grace = start_grace_s()  # a quota can free up; PodSecurity and a missing account cannot
+        if time.monotonic() - since < grace:
+            return healthy
+        self._failing_since.pop(job_name, None)
+        return self._never_started(
+            step_key, job_name, namespace, f"Kubernetes refused to create it (for {grace:g} s, {START_GRACE_ENV}): "
+            f"{refused}", "make the pod acceptable to the namespace: a securityContext that passes its PodSecurity "
+            "level (docs/deployment.md, PodSecurity restricted; `make k8s-check`), a service account that exists, "
+            "or room in its ResourceQuota")
+
+    def _pod_events(self, namespace: str, pod: Any, reason: str, prefix: str) -> str:
+        """The newest message of the pod's events with this reason (and message prefix), or ''."""
+        return self._events(namespace, pod.metadata.name, "Pod", reason, prefix)
+
+    def _events(self, namespace: str, name: str, kind: str, reason: str, prefix: str) -> str:
+        events = self._api_client.core_api.list_namespaced_event(
+            namespace=namespace, field_selector=f"involvedObject.name={name}").items
+        found = [e for e in events if e.reason == reason and (e.message or "").startswith(prefix)
+                 and (e.involved_object is None or e.involved_object.kind in (None, kind))]
+        return found[-1].message if found else ""
 
     def _step_pod(self, job_name: str, namespace: str) -> Any:
         pods = self._api_client.core_api.list_namespaced_pod(namespace=namespace, label_selector=f"job-name={job_name}")
@@ -251,25 +338,52 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
         yield from super().launch_step(step_handler_context)
 
 
-def step_container_context(context: K8sContainerContext, resources: StepResources | None) -> K8sContainerContext:
+def _limits(*resources: Mapping[str, Any] | None) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for r in resources:
+        merged.update((r or {}).get("limits") or {})
+    return merged
+
+
+def step_container_context(context: K8sContainerContext, resources: StepResources | None,
+                           step_limits: Mapping[str, str] | None = None) -> K8sContainerContext:
     """A step pod's container context: what dagster-k8s merged (launcher, code location, executor, op tags), with
-    no service-account token and, for an infer step, the policy merged last with its `resources` replacing any
-    inherited ones (a deep merge would keep an inherited memory limit the policy does not name)."""
+    no service-account token and, for an infer step, the policy merged last, resources by key:
+    - requests: everything inherited (the code location's, op tags, per_step_k8s_config), the policy's keys over
+      them; a CPU infer step with no `runtime.resources` keeps the deployment's requests (not BestEffort, which
+      is evicted first under memory pressure);
+    - limits: only those set for this step (op tags, per_step_k8s_config: `step_limits`), the policy's over them.
+      A limit inherited from the deployment is sized for read/prepare/write pods: kept on an infer step it
+      OOM-killed vLLM on a GPU step that names no memory (issue 13).
+    An inherited request above a limit set here is dropped, so the API server defaults it to the limit (a request
+    above its limit is refused)."""
     no_token = K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(
         {"pod_spec_config": {"automount_service_account_token": False}}))
     context = context.merge(no_token)
     if resources is None:
         return context
     policy = resources.k8s_config()
+    inherited = context.run_k8s_config.container_config.get("resources") or {}
+    wanted = policy["container_config"].get("resources") or {}
+    limits = {**(step_limits or {}), **(wanted.get("limits") or {})}
+    own = wanted.get("requests") or {}
+    requests = {k: v for k, v in {**(inherited.get("requests") or {}), **own}.items()
+                if k in own or _fits(v, limits.get(k))}
     merged = context.merge(K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(policy)))
     config = merged.run_k8s_config.to_dict()
-    config["container_config"]["resources"] = policy["container_config"].get("resources", {})
+    config["container_config"]["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
     return K8sContainerContext(
         run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(config),
         server_k8s_config=merged.server_k8s_config,
         namespace=merged.namespace,
         server_replica_count=merged.server_replica_count,
     )
+
+
+def _fits(request: str, limit: str | None) -> bool:
+    from kubernetes.utils.quantity import parse_quantity
+
+    return limit is None or parse_quantity(request) <= parse_quantity(limit)
 
 
 def _waiting(pod: Any) -> tuple[str, str] | None:

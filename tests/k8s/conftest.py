@@ -2,10 +2,11 @@
 launcher is the real K8sRunLauncher pointed at it. Reusable from any test folder:
 `from tests.k8s.conftest import k8s_stub, k8s_dagster_home` (or move them up when a second folder needs them).
 
-`chart_deployment` sets up what `helm install -f k8s/values.yaml` would (tests/k8s/chart.py renders it): the
-instance dagster.yaml, the user deployment's container context, and the ConfigMaps and Secrets the pods read,
-with only the in-cluster parts replaced (SQLite instead of Postgres, the stand-in's kubeconfig instead of the
-service-account token, local compute logs instead of S3, local paths in the `batch-assets-config` ConfigMap).
+`chart_deployment` sets up what `helm install -f k8s/values.yaml` would, from a real `helm template` of the Dagster
+chart (tests/k8s/chart.py): the instance dagster.yaml, the user deployment's container context, and the ConfigMaps
+and Secrets the pods read, with only the in-cluster parts replaced (SQLite instead of Postgres, the stand-in's
+kubeconfig instead of the service-account token, local compute logs instead of S3, local paths in the
+`batch-assets-config` ConfigMap).
 """
 
 from __future__ import annotations
@@ -61,26 +62,34 @@ class ChartDeployment:
     values: dict[str, Any]
     container_context: dict[str, Any] | None
     settings: dict[str, str]  # the batch-assets-config ConfigMap as created in the stand-in
+    rendered: chart.Rendered
+
+
+# The instance keys a test deployment replaces in the rendered dagster.yaml (everything else is the chart's):
+IN_CLUSTER_LAUNCHER_KEYS = ("load_incluster_config", "kubeconfig_file", "dagster_home")
+LOCAL_STORAGE_KEYS = ("run_storage", "event_log_storage", "schedule_storage", "compute_logs")
 
 
 def chart_deployment(stub: KubernetesJobsStub, home: Path, settings: dict[str, str],
                      values: dict[str, Any] | None = None, instance_extra: dict[str, Any] | None = None,
                      secrets: dict[str, dict[str, str]] | None = None) -> ChartDeployment:
-    """What the chart installs from `values` (default k8s/values.yaml), pointed at the stand-in. `settings` override
-    k8s/config.yaml's ConfigMap data (local paths); `secrets` are created as given (default: every Secret the
-    values name, with placeholder values)."""
+    """What `helm install -f values` installs (default k8s/values.yaml, rendered by the real helm), pointed at the
+    stand-in. `settings` override k8s/config.yaml's ConfigMap data (local paths); `secrets` are created as given
+    (default: every Secret the values name, with placeholder values)."""
     vals = copy.deepcopy(values) if values is not None else chart.values()
+    rendered = chart.render(vals, NAMESPACE)
     home.mkdir(parents=True, exist_ok=True)
-    config = chart.instance(vals, NAMESPACE)
+    config = rendered.instance
     launcher = config["run_launcher"]["config"]
     launcher.update({"load_incluster_config": False, "kubeconfig_file": str(stub.kubeconfig),
                      "dagster_home": str(home)})
-    config.pop("compute_logs", None)  # S3 in production; local files here
+    for key in LOCAL_STORAGE_KEYS:  # Postgres and S3 compute logs in production; the instance's SQLite here
+        config.pop(key, None)
     for key, value in (instance_extra or {}).items():
         config[key] = value
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
 
-    for name, data in chart.config_maps(vals).items():
+    for name, data in rendered.config_maps().items():
         stub.create_config_map(name, data, namespace=NAMESPACE)
     shipped = yaml.safe_load((ROOT / "k8s" / "config.yaml").read_text())["data"]
     data = stub.create_config_map(CONFIG_MAP, {**shipped, **settings}, namespace=NAMESPACE)
@@ -88,9 +97,11 @@ def chart_deployment(stub: KubernetesJobsStub, home: Path, settings: dict[str, s
         secrets = {s["name"]: {} for d in vals["dagster-user-deployments"]["deployments"]
                    for s in d.get("envSecrets") or []}
         secrets[vals["global"]["postgresqlSecretName"]] = {"postgresql-password": "not-used-with-sqlite"}
+        for ref in vals.get("imagePullSecrets") or []:  # kubectl create secret docker-registry (deployment.md)
+            secrets[ref["name"]] = {".dockerconfigjson": "{}"}
     for name, secret in secrets.items():
         stub.create_secret(name, secret, namespace=NAMESPACE)
-    return ChartDeployment(home, vals, chart.container_context(vals, NAMESPACE), data)
+    return ChartDeployment(home, vals, rendered.container_context, data, rendered)
 
 
 @contextmanager

@@ -23,6 +23,23 @@ a deployment can go wrong:
 - **Memory limit.** A running container whose processes' resident memory exceeds `limits.memory` is SIGKILLed and
   reported as terminated with reason `OOMKilled`, exit code 137 (the kernel's cgroup OOM killer, approximated by
   watching RSS every 100 ms).
+- **Images.** With `images` given (image -> the pull Secret its registry needs, or None for a public one), a
+  container whose image is not there, or whose registry's Secret the pod does not name in `imagePullSecrets` (or that
+  does not exist), never starts: the container waits with `ErrImagePull`, then `ImagePullBackOff`, with the kubelet's
+  message and `Failed` / `BackOff` events, forever (the kubelet retries pulls). Without `images`, every image pulls.
+- **Volumes.** A configMap or secret volume whose object is missing (not optional) never mounts: the pod is bound,
+  its container stays `ContainerCreating`, and a `FailedMount` event says which volume and object. A
+  persistentVolumeClaim volume: with `claims` given (`create_claim`), a claim that does not exist keeps the pod
+  unschedulable (`persistentvolumeclaim "x" not found`, as kube-scheduler says), one created with `mount_error`
+  (a Multi-Attach error, an unreachable NFS server) never mounts (`FailedMount`).
+- **Admission.** With `pod_security="restricted"` (the namespace label `pod-security.kubernetes.io/enforce`) a pod
+  that breaks the profile (batch_assets/pod_security.py) is refused, and with `service_accounts` given a pod naming
+  another service account is refused: the Job exists, its pod never does, and the Job's `FailedCreate` event says
+  why (`pods "x" is forbidden: violates PodSecurity "restricted:latest": ...`), as the Job controller reports it.
+- **Deletion.** Deleting a Job leaves its pod (the API's default for Jobs is to orphan it); deleting a pod delivers
+  SIGTERM to its container, waits the pod's `terminationGracePeriodSeconds` (default 30), then SIGKILLs, as the
+  kubelet does; the pod is listed, with a `deletionTimestamp`, until its container has ended. dagster-k8s's
+  `delete_job` (Job, then its pods) therefore answers True, as against a cluster.
 - **Disruption.** `evict(job)` kills a running pod as a spot-node reclaim or a drain past its grace period does:
   the process is SIGKILLed, the pod is `Failed` with reason `Evicted` and a `DisruptionTarget` condition, and the Job
   (backoffLimit 0, as dagster-k8s creates them) is failed.
@@ -64,9 +81,6 @@ IMAGE_ENV = {
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
     "PYTHONUNBUFFERED": "1",
-    # weights are baked into the image or on the model cache volume: a pod never reaches a model hub here
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
 }
 
 
@@ -117,9 +131,16 @@ class RecordedJob:
     created: float = field(default_factory=time.time)
     process: subprocess.Popen | None = None
     node: str | None = None
-    deleted: bool = False
+    deleted: bool = False  # the Job object was deleted (its pod may live on: orphaned, or terminating)
+    pod_deleted_at: float | None = None  # the pod's deletionTimestamp: SIGTERM sent, grace period running
+    pod_gone: bool = False  # the pod object no longer exists
+    waiting_since: float | None = None  # when the container first waited with an error (ErrImagePull, ...)
+    pulls: int = 0  # failed image pulls so far (the second and later say ImagePullBackOff)
+    mount_error: str | None = None  # the FailedMount event's message of a volume that never mounts
+    create_error: str | None = None  # why admission refused the pod (the Job's FailedCreate event): no pod exists
     waiting: tuple[str, str] | None = None  # (reason, message) of a container that cannot start
     unschedulable: str | None = None  # the scheduler's message while the pod cannot be bound
+    pull_message: str | None = None  # the kubelet's message of the last failed image pull
     terminated_reason: str | None = None  # OOMKilled, Evicted, ...
     pod_env: dict[str, str] | None = None  # the environment the container was started with
     disruption: str | None = None  # the DisruptionTarget reason of an evicted pod
@@ -173,6 +194,11 @@ class RecordedJob:
         return None if self.process is None else self.process.poll()
 
     @property
+    def grace_seconds(self) -> float:
+        value = self.pod_spec.get("terminationGracePeriodSeconds")
+        return 30.0 if value is None else float(value)
+
+    @property
     def phase(self) -> str:
         if self.terminated_reason == "Evicted":
             return "Failed"
@@ -182,6 +208,8 @@ class RecordedJob:
         return "Succeeded" if code == 0 else "Failed"
 
     def status(self) -> dict[str, Any]:
+        if self.create_error:
+            return {}  # no pod: neither active nor failed, as the Job controller leaves it
         phase = self.phase
         if phase in ("Pending", "Running"):
             return {"active": 1}
@@ -195,7 +223,9 @@ class KubernetesJobsStub:
     """The stand-in cluster. `start()`, create ConfigMaps/Secrets the deployment expects, point clients at
     `kubeconfig`, read `jobs`; `stop()` kills what is still running."""
 
-    def __init__(self, workdir: Path, cwd: Path, nodes: list[Node] | None = None):
+    def __init__(self, workdir: Path, cwd: Path, nodes: list[Node] | None = None,
+                 images: dict[str, str | None] | None = None, claims: dict[str, str | None] | None = None,
+                 pod_security: str | None = None, service_accounts: set[str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cwd = Path(cwd)
@@ -203,6 +233,10 @@ class KubernetesJobsStub:
         self.jobs: list[RecordedJob] = []
         self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self.images = images  # image -> pull Secret its registry needs (None: public); None: every image pulls
+        self.claims = claims  # PVC name -> mount error (None: mounts); None: every claim exists and mounts
+        self.pod_security = pod_security  # "restricted": the namespace enforces that PodSecurity level
+        self.service_accounts = service_accounts  # names that exist; None: any
         self.unhandled: list[str] = []  # calls the stand-in does not implement (a test may assert there are none)
         self._lock = threading.RLock()
         self._stopping = False
@@ -216,6 +250,10 @@ class KubernetesJobsStub:
 
     def create_secret(self, name: str, data: dict[str, str], namespace: str = "default") -> None:
         self.secrets[(namespace, name)] = {k: str(v) for k, v in data.items()}
+
+    def create_claim(self, name: str, mount_error: str | None = None) -> None:
+        """A PersistentVolumeClaim (bound); with `mount_error`, one that never mounts on the node."""
+        self.claims = {**(self.claims or {}), name: mount_error}
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> "KubernetesJobsStub":
@@ -302,14 +340,15 @@ class KubernetesJobsStub:
 
     def failures(self) -> str:
         """Output of every Job whose pod failed or could not start (for assertion messages)."""
-        return "\n\n".join(
-            f"--- {j.name} ({j.phase}, exit {j.exit_code()}, {j.terminated_reason or j.waiting or j.unschedulable}) "
-            f"---\n{j.output()[-3000:]}"
-            for j in self.jobs if j.phase == "Failed" or j.waiting or j.unschedulable)
+        def why(j: RecordedJob) -> Any:
+            return j.terminated_reason or j.waiting or j.unschedulable or j.create_error or j.mount_error
+
+        return "\n\n".join(f"--- {j.name} ({j.phase}, exit {j.exit_code()}, {why(j)}) ---\n{j.output()[-3000:]}"
+                             for j in self.jobs if j.phase == "Failed" or why(j))
 
     # -- the scheduler and the kubelet -------------------------------------------------------------------------
     def _bound(self, node: Node) -> list[RecordedJob]:
-        return [j for j in self.jobs if j.node == node.name and not j.deleted and j.phase in ("Pending", "Running")]
+        return [j for j in self.jobs if j.node == node.name and not j.pod_gone and j.phase in ("Pending", "Running")]
 
     def _place(self, job: RecordedJob) -> tuple[Node | None, str]:
         """A node for the pod, or None and kube-scheduler's message (each node's first failing filter)."""
@@ -317,6 +356,13 @@ class KubernetesJobsStub:
         selector = job.pod_spec.get("nodeSelector") or {}
         tolerations = job.pod_spec.get("tolerations") or []
         need = job.requests()
+        if self.claims is not None:
+            for volume in job.pod_spec.get("volumes") or []:
+                claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                if claim and claim not in self.claims:
+                    return None, (f'0/{len(self.nodes)} nodes are available: persistentvolumeclaim "{claim}" not '
+                                  "found. preemption: 0/{0} nodes are available: {0} Preemption is not helpful for "
+                                  "scheduling.".format(len(self.nodes)))
         for node in self.nodes:
             untolerated = [t for t in node.taints if t.get("effect") in ("NoSchedule", "NoExecute")
                            and not _tolerates(tolerations, t)]
@@ -339,7 +385,7 @@ class KubernetesJobsStub:
     def _schedule_pending(self) -> None:
         with self._lock:
             for job in self.jobs:
-                if job.deleted or job.node is not None:
+                if job.pod_gone or job.pod_deleted_at is not None or job.node is not None:
                     continue
                 node, message = self._place(job)
                 if node is None:
@@ -396,7 +442,50 @@ class KubernetesJobsStub:
     def container_env_from(job: RecordedJob) -> list[dict[str, Any]]:
         return job.container.get("envFrom") or []
 
+    def _mount_error(self, job: RecordedJob) -> str | None:
+        """The kubelet's FailedMount message for the first volume that cannot mount, or None."""
+        for volume in job.pod_spec.get("volumes") or []:
+            for kind, key in (("configMap", "name"), ("secret", "secretName")):
+                source = volume.get(kind)
+                if source is None or source.get("optional"):
+                    continue
+                store = self.config_maps if kind == "configMap" else self.secrets
+                if (job.namespace, source.get(key)) not in store:
+                    return (f'MountVolume.SetUp failed for volume "{volume["name"]}" : {kind.lower()} '
+                            f'"{source.get(key)}" not found')
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and self.claims is not None and self.claims.get(claim):
+                return (f'Unable to attach or mount volumes: unmounted volumes=[{volume["name"]}]: '
+                        f"{self.claims[claim]}")
+        return None
+
+    def _pull_error(self, job: RecordedJob) -> str | None:
+        """Why the kubelet cannot pull the container's image, or None."""
+        if self.images is None:
+            return None
+        image = job.container.get("image") or ""
+        if image not in self.images:
+            return (f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack '
+                    f'image "{image}": not found')
+        secret = self.images[image]
+        named = [s.get("name") for s in job.pod_spec.get("imagePullSecrets") or []]
+        if secret and (secret not in named or (job.namespace, secret) not in self.secrets):
+            return (f'Failed to pull image "{image}": rpc error: code = Unknown desc = failed to pull and unpack image '
+                    f'"{image}": failed to resolve reference "{image}": pull access denied, repository does not exist '
+                    "or may require authorization: authorization failed: no basic auth credentials")
+        return None
+
     def _start_container(self, job: RecordedJob) -> None:
+        job.mount_error = self._mount_error(job)
+        if job.mount_error:  # stays ContainerCreating: the kubelet retries the mount every 2 minutes, forever
+            return
+        pull = self._pull_error(job)
+        if pull:
+            job.pulls += 1
+            job.waiting = ("ErrImagePull", pull) if job.pulls == 1 else (
+                "ImagePullBackOff", f'Back-off pulling image "{job.container.get("image")}"')
+            job.pull_message = pull
+            return
         try:
             env = self._container_env(job)
         except LookupError as exc:
@@ -411,6 +500,29 @@ class KubernetesJobsStub:
             job.process = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True)
         job.waiting = None
+
+    def _terminate(self, job: RecordedJob) -> None:
+        """Pod deletion, as the kubelet carries it out: SIGTERM, the grace period, SIGKILL; then the pod is gone."""
+        if job.pod_deleted_at is not None or job.pod_gone:
+            return
+        job.pod_deleted_at = time.time()
+        if job.process is None or job.process.poll() is not None:
+            job.pod_gone = True
+            self._schedule_pending()
+            return
+
+        def carry_out() -> None:
+            assert job.process is not None
+            try:
+                os.killpg(job.process.pid, signal.SIGTERM)
+                job.process.wait(timeout=job.grace_seconds)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+            self._kill(job)
+            job.pod_gone = True
+            self._schedule_pending()
+
+        threading.Thread(target=carry_out, daemon=True).start()
 
     def _kill(self, job: RecordedJob) -> None:
         if job.process is not None and job.process.poll() is None:
@@ -431,7 +543,8 @@ class KubernetesJobsStub:
             with self._lock:
                 jobs = list(self.jobs)
             for job in jobs:
-                if job.waiting and not job.deleted:  # the kubelet retries: a secret created later starts the pod
+                # the kubelet retries: a Secret created later starts the pod
+                if (job.waiting or job.mount_error) and not job.pod_gone and job.pod_deleted_at is None:
                     self._start_container(job)
                 if job.process is None or job.name in ended:
                     continue
@@ -477,29 +590,29 @@ class KubernetesJobsStub:
             if method == "GET":
                 return reply(200, {**job.body, "status": job.status()})
             if method == "DELETE":
-                self._kill(job)
+                # the Job goes; its pod is orphaned (the API's default for Jobs) unless asked to propagate
                 job.deleted = True
-                self._schedule_pending()
+                policy = req._body().get("propagationPolicy")  # type: ignore[attr-defined]
+                if policy in ("Background", "Foreground"):
+                    self._terminate(job)
                 return reply(200, _status(200, "", "deleted", success=True))
         if pods and method == "GET":
             if pods["name"] is None:
                 wanted = _selector(query.get("labelSelector", [""])[0])
-                items = [self._pod(j) for j in self.jobs if not j.deleted and j.namespace == pods["ns"]
+                items = [self._pod(j) for j in self.jobs if not j.pod_gone and j.namespace == pods["ns"]
                          and _matches(j, wanted)]
                 return reply(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
-            job = next((j for j in reversed(self.jobs) if self._pod_name(j) == pods["name"]), None)
+            job = next((j for j in reversed(self.jobs) if self._pod_name(j) == pods["name"] and not j.pod_gone), None)
             if job is None:
                 return reply(404, _status(404, "NotFound", f'pods "{pods["name"]}" not found'))
             if pods["log"]:
                 return reply(200, job.output(), "text/plain")
             return reply(200, self._pod(job))
         if pods and method == "DELETE" and pods["name"]:
-            job = next((j for j in self.jobs if self._pod_name(j) == pods["name"] and not j.deleted), None)
+            job = next((j for j in self.jobs if self._pod_name(j) == pods["name"] and not j.pod_gone), None)
             if job is None:
                 return reply(404, _status(404, "NotFound", f'pods "{pods["name"]}" not found'))
-            self._kill(job)
-            job.deleted = True
-            self._schedule_pending()
+            self._terminate(job)
             return reply(200, self._pod(job))
         if events and method == "GET":
             fields = _selector(query.get("fieldSelector", [""])[0])
@@ -516,8 +629,26 @@ class KubernetesJobsStub:
         self.unhandled.append(f"{method} {req.path}")
         reply(404, _status(404, "NotFound", f"the Kubernetes stand-in does not implement {method} {url.path}"))
 
+    def _admission(self, job: RecordedJob) -> str | None:
+        """Why the API server refuses the Job's pod, in its words, or None."""
+        from batch_assets.pod_security import restricted_violations
+
+        prefix = f'Error creating: pods "{job.name}" is forbidden:'
+        account = job.pod_spec.get("serviceAccountName") or "default"
+        if self.service_accounts is not None and account not in self.service_accounts:
+            return (f"{prefix} error looking up service account {job.namespace}/{account}: serviceaccount "
+                    f'"{account}" not found')
+        if self.pod_security == "restricted":
+            broken = restricted_violations(job.pod_spec)
+            if broken:
+                return f'{prefix} violates PodSecurity "restricted:latest": {"; ".join(broken)}'
+        return None
+
     def _create(self, namespace: str, body: dict[str, Any]) -> RecordedJob:
         job = RecordedJob(namespace, body, self.workdir / f"{body['metadata']['name']}.log")
+        job.create_error = self._admission(job)
+        if job.create_error:
+            job.pod_gone = True  # the pod was never created: nothing to schedule, list or delete
         with self._lock:
             self.jobs.append(job)
         self._schedule_pending()
@@ -530,10 +661,23 @@ class KubernetesJobsStub:
     def _events(self, job: RecordedJob) -> list[dict[str, Any]]:
         involved = {"kind": "Pod", "name": self._pod_name(job), "namespace": job.namespace}
         found = []
+        if job.create_error:
+            return [{"type": "Warning", "reason": "FailedCreate", "message": job.create_error,
+                     "involvedObject": {"kind": "Job", "name": job.name, "namespace": job.namespace},
+                     "metadata": {"name": f"{job.name}.create"}}]
         if job.unschedulable:
             found.append({"type": "Warning", "reason": "FailedScheduling", "message": job.unschedulable,
                           "involvedObject": involved, "metadata": {"name": f"{job.name}.scheduling"}})
-        if job.waiting:
+        if job.mount_error:
+            found.append({"type": "Warning", "reason": "FailedMount", "message": job.mount_error,
+                          "involvedObject": involved, "metadata": {"name": f"{job.name}.mount"}})
+        if job.pull_message:
+            found.append({"type": "Warning", "reason": "Failed", "message": job.pull_message,
+                          "involvedObject": involved, "metadata": {"name": f"{job.name}.pull"}})
+            error = job.waiting[0] if job.waiting else "ErrImagePull"
+            found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {error}",
+                          "involvedObject": involved, "metadata": {"name": f"{job.name}.pull-error"}})
+        elif job.waiting:
             found.append({"type": "Warning", "reason": "Failed", "message": f"Error: {job.waiting[1]}",
                           "involvedObject": involved, "metadata": {"name": f"{job.name}.config"}})
         return found
@@ -572,7 +716,10 @@ class KubernetesJobsStub:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": self._pod_name(job), "namespace": job.namespace,
-                         "labels": {**job.labels, "job-name": job.name}},
+                         "labels": {**job.labels, "job-name": job.name},
+                         **({"deletionTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(job.pod_deleted_at)),
+                             "deletionGracePeriodSeconds": int(job.grace_seconds)}
+                            if job.pod_deleted_at is not None else {})},
             "spec": {"nodeName": job.node, "containers": [{"name": name, "image": job.container.get("image")}]},
             "status": status,
         }

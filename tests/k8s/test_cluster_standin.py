@@ -157,7 +157,104 @@ def test_a_deleted_pod_gives_its_node_room_back(tmp_path: Path) -> None:
         batch.create_namespaced_job(NS, _job("stuck", "pass", gpu, container=missing))
         batch.create_namespaced_job(NS, _job("next", "pass", gpu))
         assert _pod(core, "next").status.phase == "Pending"  # the stuck pod holds the only GPU
+        # the API's default for a Job is to orphan its pod: the Job goes, the stuck pod keeps the GPU
         batch.delete_namespaced_job("stuck", NS)
+        time.sleep(0.5)
+        assert _pod(core, "stuck").status.phase == "Pending" and _pod(core, "next").spec.node_name is None
+        core.delete_namespaced_pod(_pod(core, "stuck").metadata.name, NS)
         _wait("next to run once the stuck pod is gone", lambda: _pod(core, "next").spec.node_name == "gpu-1")
+    finally:
+        stub.stop()
+
+
+def test_deleting_a_pod_sends_sigterm_waits_its_grace_period_then_kills(tmp_path: Path) -> None:
+    """As the kubelet: SIGTERM, the pod's terminationGracePeriodSeconds, then SIGKILL; the pod is listed as
+    terminating until its container ended. dagster-k8s's delete_job (Job, then pods) answers True, as against a
+    cluster (the run launcher reports "termination failed" otherwise)."""
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path).start()
+    try:
+        batch, core = _client(stub)
+        polite = ("import signal, sys, time, pathlib\n"
+                  "def bye(*_):\n    pathlib.Path('polite.txt').write_text('SIGTERM'); sys.exit(0)\n"
+                  "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+        stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: open('stubborn.txt', 'w')"
+                    ".write('ignored'))\nprint('ready', flush=True)\ntime.sleep(600)\n")
+        batch.create_namespaced_job(NS, _job("polite", polite, pod={"terminationGracePeriodSeconds": 30}))
+        batch.create_namespaced_job(NS, _job("stubborn", stubborn, pod={"terminationGracePeriodSeconds": 2}))
+        jobs = {j.name: j for j in stub.jobs}
+        _wait("both containers to run", lambda: all("ready" in j.output() for j in jobs.values()))
+        api = config_client(stub)
+        assert api.delete_job("polite", NS) is True
+        _wait("the polite container to exit on SIGTERM", lambda: jobs["polite"].process.poll() is not None)
+        assert (tmp_path / "polite.txt").read_text() == "SIGTERM" and jobs["polite"].process.returncode == 0
+        assert api.delete_job("stubborn", NS) is True
+        pod = _pod(core, "stubborn")  # still listed while its grace period runs
+        assert pod.metadata.deletion_timestamp is not None and pod.metadata.deletion_grace_period_seconds == 2
+        _wait("the stubborn container to be killed after its grace period",
+              lambda: jobs["stubborn"].process.poll() is not None, timeout=30)
+        assert (tmp_path / "stubborn.txt").read_text() == "ignored" and jobs["stubborn"].process.returncode == -9
+        _wait("both pods to be gone", lambda: not core.list_namespaced_pod(NS).items)
+    finally:
+        stub.stop()
+
+
+def config_client(stub: KubernetesJobsStub):
+    from dagster_k8s.client import DagsterKubernetesClient
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(str(stub.kubeconfig))
+    return DagsterKubernetesClient(client.BatchV1Api(api), client.CoreV1Api(api), logger=print, sleeper=time.sleep,
+                                   timer=time.time)
+
+
+def test_a_pod_whose_image_or_volume_never_comes_is_bound_but_never_starts(tmp_path: Path) -> None:
+    """The states of a pod bound to a node whose container never starts, as the kubelet reports them: an image
+    that is not in the registry or needs a pull Secret the pod lacks (ErrImagePull, then ImagePullBackOff), a
+    ConfigMap volume whose object is missing or a claim that cannot mount (ContainerCreating, FailedMount event);
+    a claim that does not exist keeps the pod unschedulable."""
+    private = "registry.example.com/batch-assets:1"
+    stub = KubernetesJobsStub(tmp_path, cwd=tmp_path, images={private: "regcred", "busybox:1": None},
+                              claims={"stuck-claim": "Multi-Attach error for volume \"pvc-1\": Volume is already "
+                                                     "exclusively attached to one node"}).start()
+    try:
+        batch, core = _client(stub)
+        stub.create_secret("regcred", {".dockerconfigjson": "{}"}, namespace=NS)
+
+        def job(name: str, image: str, pod: dict | None = None) -> None:
+            body = _job(name, "print('ran')", pod=pod)
+            body["spec"]["template"]["spec"]["containers"][0]["image"] = image
+            batch.create_namespaced_job(NS, body)
+
+        job("typo", "registry.example.com/batch-assets:2")
+        job("no-creds", private)
+        job("with-creds", private, {"imagePullSecrets": [{"name": "regcred"}]})
+        job("no-map", "busybox:1", {"volumes": [{"name": "cfg", "configMap": {"name": "nowhere"}}]})
+        job("stuck-claim", "busybox:1",
+            {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "stuck-claim"}}]})
+        job("no-claim", "busybox:1", {"volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "nope"}}]})
+        _wait("the pod with credentials to run", lambda: _pod(core, "with-creds").status.phase == "Succeeded")
+
+        def waiting(name: str) -> tuple[str, str] | None:
+            state = _pod(core, name).status.container_statuses[0].state
+            return state.waiting and (state.waiting.reason, state.waiting.message)
+
+        _wait("image pulls to back off", lambda: waiting("typo")[0] == "ImagePullBackOff"
+              and waiting("no-creds")[0] == "ImagePullBackOff")
+        for name in ("typo", "no-creds", "no-map", "stuck-claim"):
+            pod = _pod(core, name)
+            assert pod.status.phase == "Pending" and pod.spec.node_name == "cpu-1", name  # bound, never started
+        events = {e.involved_object.name: e.message for e in core.list_namespaced_event(NS).items
+                  if e.reason == "Failed" and "Failed to pull" in e.message}
+        assert 'Failed to pull image "registry.example.com/batch-assets:2"' in events["typo"]
+        assert "no basic auth credentials" in events["no-creds"]
+        mounts = {e.involved_object.name: e.message for e in core.list_namespaced_event(NS).items
+                  if e.reason == "FailedMount"}
+        assert mounts["no-map"] == 'MountVolume.SetUp failed for volume "cfg" : configmap "nowhere" not found'
+        assert "unmounted volumes=[cache]" in mounts["stuck-claim"] and "Multi-Attach" in mounts["stuck-claim"]
+        assert waiting("no-map") == ("ContainerCreating", None)
+        unbound = _pod(core, "no-claim")
+        assert unbound.spec.node_name is None
+        assert 'persistentvolumeclaim "nope" not found' in unbound.status.conditions[0].message
+        assert all(j.process is None for j in stub.jobs if j.name != "with-creds")
     finally:
         stub.stop()

@@ -160,11 +160,28 @@ def _unknown_keys(values: Any, schema: dict[str, Any], root: dict[str, Any], pat
     return found
 
 
+def _unknown_defaults(values: Any, defaults: Any, path: str) -> list[str]:
+    """Keys we set that the chart's own values.yaml does not have, where it lists an object's keys."""
+    if not (isinstance(values, dict) and isinstance(defaults, dict) and defaults):
+        return []
+    return [f for key, value in values.items()
+            for f in ([f"{path}/{key}"] if key not in defaults else _unknown_defaults(value, defaults[key], f"{path}/{key}"))]
+
+
 def test_helm_values_set_no_key_the_chart_does_not_define() -> None:
     schema = _chart_schema()
-    assert _unknown_keys(_values(), schema, schema, "") == []
-    typo = _values()
+    values = _values()
+    # the chart-level `concurrency` block is newer than the vendored schema (k8s/schema/README.md): its keys are
+    # checked against the chart's own defaults (the chart the tests render with helm)
+    from tests.k8s.chart import CHART
+
+    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert _unknown_defaults({"concurrency": values.pop("concurrency")}, chart_defaults, "") == []
+    assert _unknown_keys(values, schema, schema, "") == []
+    typo = values
     typo["dagster-user-deployments"]["deployments"][0]["envSecret"] = [{"name": "x"}]
+    assert _unknown_defaults({"concurrency": {"runs": {"maxConcurentRuns": 1}}}, chart_defaults, "") == [
+        "/concurrency/runs/maxConcurentRuns"]
     assert _unknown_keys(typo, schema, schema, "") == ["/dagster-user-deployments/deployments/0/envSecret"]
 
 
@@ -218,9 +235,12 @@ def test_rendered_instance_validates_and_keeps_production_settings(tmp_path: Pat
     from dagster._core.instance.config import dagster_instance_config
     from dagster._serdes.config_class import ConfigurableClassData, class_from_code_pointer
 
+    from batch_assets.k8s_check import load_instance_config
     from tests.k8s import chart
 
-    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(chart.instance(_values(), "batch")))
+    text = chart.render().instance_yaml  # the ConfigMap dagster-instance, as helm renders it
+    load_instance_config(text)  # as every Dagster process of the deployment loads it (issue 22: it did not)
+    (tmp_path / "dagster.yaml").write_text(text)
     config, _ = dagster_instance_config(str(tmp_path))  # the instance schema (retries, monitoring, pools)
     for section in ("run_launcher", "run_coordinator", "compute_logs"):
         # as the instance loads it (ConfigurableClassData maps the public `dagster.core` path to `dagster._core`)
@@ -228,25 +248,34 @@ def test_rendered_instance_validates_and_keeps_production_settings(tmp_path: Pat
         cls = class_from_code_pointer(data.module_name, data.class_name)
         result = validate_config(cls.config_type(), config[section].get("config", {}))
         assert result.success, (section, [e.message for e in result.errors])
+    # the run limits are the concurrency block's alone: the chart's default max_concurrent_runs: -1 is not rendered
+    assert "max_concurrent_runs" not in (config["run_coordinator"].get("config") or {})
     # item 2 of issue 13: a deterministic step failure is not paid for again by a run retry
     assert config["run_retries"] == {"enabled": True, "max_retries": 2, "retry_on_asset_or_op_failure": False}
     runs = config["concurrency"]["runs"]
-    assert runs["max_concurrent_runs"] > 0
+    assert runs["max_concurrent_runs"] == 20
     # one run per partition at a time: the second waits queued, without a pod
     assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in runs[
         "tag_concurrency_limits"]
+    assert {"key": "dagster/backfill", "limit": 10} in runs["tag_concurrency_limits"]
     # every pool, the `gpu` pool included, has a limit from the values (not unlimited until a CLI call)
     assert config["concurrency"]["pools"] == {"default_limit": 1, "granularity": "op"}
     assert config["run_monitoring"]["enabled"]
+    assert config["run_launcher"]["config"]["image_pull_secrets"] == [{"name": "batch-assets-registry"}]
 
 
-def test_rendering_refuses_a_setting_given_twice() -> None:
+def test_run_limits_beside_the_charts_run_coordinator_defaults_are_refused() -> None:
+    """Issue 22: `queuedRunCoordinator: {}` clears none of the chart's defaults (helm merges values over them), so
+    run limits under additionalInstanceConfig rendered beside `max_concurrent_runs: -1`, and Dagster refused the
+    instance. The check (`make k8s-check`) says so, with Dagster's message."""
+    from batch_assets.k8s_check import DeploymentCheckError, load_instance_config
     from tests.k8s import chart
 
     values = _values()
-    values["dagsterDaemon"]["runRetries"]["enabled"] = True  # the chart would render run_retries twice
-    with pytest.raises(ValueError, match="run_retries"):
-        chart.instance(values, "batch")
+    values["additionalInstanceConfig"] = {"concurrency": {"runs": {"max_concurrent_runs": 20}}}
+    values["concurrency"]["enabled"] = False
+    with pytest.raises(DeploymentCheckError, match=r"max_concurrent_runs.*incompatible with the `concurrency > runs`"):
+        load_instance_config(chart.render(values).instance_yaml)
 
 
 # -- what a step pod gets -----------------------------------------------------------------------------------------
@@ -293,9 +322,44 @@ def test_an_infer_step_pod_gets_the_policy_not_the_code_servers_sizing(tmp_path:
                      "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}  # resource_policy's GPU defaults
     # the read step does inherit the deployment's sizing: that is what the shipped values must not give a limit
     assert pods["raw"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "2Gi"}
-    # a CPU infer step whose policy names only CPU: no inherited memory limit either (replaced, not deep-merged)
+    # a CPU infer step whose policy names only CPU: no inherited memory limit either; the deployment's memory
+    # request stays (issue 22: without requests the pod was BestEffort, evicted first under memory pressure)
     cpu_only = _step_pods(tmp_path / "cpu", values, runtime={"resources": {"default": {"cpu": "2"}}})
-    assert cpu_only["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2"}}
+    assert cpu_only["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}}
+    # and one with no runtime.resources at all keeps the deployment's requests
+    bare = _step_pods(tmp_path / "bare", values, runtime={"gpus": 0})
+    assert bare["inferred"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "250m", "memory": "1Gi"}}
+
+
+def test_infer_resources_merge_by_key_with_what_the_step_was_given() -> None:
+    """docs/deployment.md: the policy wins for the keys it sets; requests and limits set for the step through op
+    tags or per_step_k8s_config are kept for the others (they were dropped: issue 22)."""
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+    from batch_assets.orchestration.k8s_executor import step_container_context
+    from batch_assets.orchestration.resource_policy import StepResources
+
+    def merged(inherited: dict, step_limits: dict, policy: StepResources) -> dict:
+        context = K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(
+            {"container_config": {"resources": inherited}}))
+        out = step_container_context(context, policy, step_limits=step_limits)
+        return out.run_k8s_config.container_config["resources"]
+
+    # per_step_k8s_config asked for ephemeral storage and a 6Gi memory limit; the policy names only CPU
+    step = {"requests": {"cpu": "250m", "memory": "6Gi", "ephemeral-storage": "20Gi"},
+            "limits": {"memory": "6Gi", "ephemeral-storage": "20Gi"}}
+    assert merged(step, step["limits"], StepResources(cpu="2")) == {
+        "requests": {"cpu": "2", "memory": "6Gi", "ephemeral-storage": "20Gi"},
+        "limits": {"memory": "6Gi", "ephemeral-storage": "20Gi"}}
+    # the policy's memory wins over the step's, request and limit
+    assert merged(step, step["limits"], StepResources(memory="32Gi")) == {
+        "requests": {"cpu": "250m", "memory": "32Gi", "ephemeral-storage": "20Gi"},
+        "limits": {"memory": "32Gi", "ephemeral-storage": "20Gi"}}
+    # a deployment-wide limit (not set for this step) is not inherited; an inherited request above a limit set
+    # here is dropped (the API server defaults it to the limit instead of refusing the pod)
+    assert merged({"requests": {"memory": "8Gi"}, "limits": {"memory": "2Gi"}}, {"memory": "4Gi"},
+                  StepResources(cpu="1")) == {"requests": {"cpu": "1"}, "limits": {"memory": "4Gi"}}
 
 
 def test_values_yaml_changes_to_step_pods_are_reviewed(tmp_path: Path) -> None:

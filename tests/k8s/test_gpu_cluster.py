@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from batch_assets import k8s_check
 from tests.conftest import K8S_GROUP, write_jsonl
 from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
@@ -71,10 +72,13 @@ def _deploy(tmp_path: Path, cluster: KubernetesJobsStub, spec: dict, monkeypatch
     pipelines.mkdir()
     (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     local = {"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s",
+             # the stand-in's pods all run on this machine: the local root is one disk, as a ReadWriteMany volume
+             # mounted at the same path in every pod would be (a deployment uses s3:// or declares such a volume)
+             "BATCH_STORAGE_ROOT_SHARED": "1",
              # the test's model class lives in tests/ (a real image has the user's model package installed)
              "PYTHONPATH": str(ROOT), **(settings or {})}
     deployment = chart_deployment(cluster, tmp_path / "home", settings=local)
-    for key in ("BATCH_PIPELINES_DIR", "BATCH_STORAGE_ROOT", "BATCH_EXECUTOR"):  # the code server's env
+    for key in ("BATCH_PIPELINES_DIR", "BATCH_STORAGE_ROOT", "BATCH_EXECUTOR", "BATCH_STORAGE_ROOT_SHARED"):
         monkeypatch.setenv(key, local[key])
     defs = tmp_path / "code" / "defs.py"
     defs.parent.mkdir()
@@ -223,20 +227,99 @@ def test_an_infer_pod_no_node_can_take_fails_its_step_in_time_and_frees_its_slot
         assert instance.get_run_by_id(run_id).tags.get("dagster/will_retry") == "false"
 
 
+def test_an_infer_pod_whose_image_or_volume_never_comes_fails_its_step_and_frees_its_slot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: a step pod bound to a node but never started (an image that does not pull, a volume that does not
+    mount) held its GPUs, the run and the `gpu` pool slot forever; so did a Job whose pod the namespace's
+    PodSecurity level refuses (no pod at all). Now each fails its step after BATCH_STEP_START_GRACE_SECONDS,
+    naming the image, the volume and object, or the rule, its Job deleted, not retried. The namespace enforces
+    PodSecurity `restricted` and has only the chart's service account: every other pod of these runs is admitted."""
+    image = "registry.example.com/batch-assets:test"  # the code location's image (tests/k8s/conftest.py)
+    cluster = KubernetesJobsStub(tmp_path / "k8s", cwd=ROOT, nodes=[CPU_NODE, GPU_NODE],
+                                 images={image: "batch-assets-registry"}, pod_security="restricted",
+                                 service_accounts={"dagster"}).start()
+    try:
+        spec = _pipeline(tmp_path, {"gpus": 1})
+        spec["partitioning"]["keys"] = ["a", "b", "c"]
+        write_jsonl(tmp_path / "data" / "b.jsonl", [{"doc_id": "b0", "text": "b0"}])
+        write_jsonl(tmp_path / "data" / "c.jsonl", [{"doc_id": "c0", "text": "c0"}])
+        deployment, defs, _ = _deploy(tmp_path, cluster, spec, monkeypatch,
+                                      settings={"BATCH_STEP_START_GRACE_SECONDS": "2"})
+        typo = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+            "container_config": {"image": "registry.example.com/batch-assets:tset"}}}}}}
+        volume = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+            "pod_spec_config": {"volumes": [{"name": "prompts", "config_map": {"name": "batch-assets-prompts"}}]},
+            "container_config": {"volume_mounts": [{"name": "prompts", "mount_path": "/prompts"}]}}}}}}
+        with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
+                code_location(instance, defs, deployment.container_context) as context:
+            escalate = {"execution": {"config": {"per_step_k8s_config": {"gpu_docs__inferred": {
+                "container_config": {"security_context": {"allow_privilege_escalation": True}}}}}}}
+            bad_image = launch(context, "gpu_docs_job", "a", run_config=typo)
+            bad_volume = launch(context, "gpu_docs_job", "b", run_config=volume)
+            refused = launch(context, "gpu_docs_job", "c", run_config=escalate)
+            dequeue(context)
+            for run_id in (bad_image, bad_volume, refused):
+                assert _finished(instance, run_id, cluster).status == dg.DagsterRunStatus.FAILURE
+            (pull,) = _step_failures(instance, bad_image)  # once: not retried by the step's RetryPolicy
+            assert "its pod never started" in pull and "gpu_docs__inferred" in pull, pull
+            assert "its image registry.example.com/batch-assets:tset cannot be pulled: ImagePullBackOff" in pull
+            assert 'Failed to pull image "registry.example.com/batch-assets:tset"' in pull
+            assert "imagePullSecrets" in pull  # the fix
+            (mount,) = _step_failures(instance, bad_volume)
+            assert "its pod never started" in mount and "a volume never mounted" in mount, mount
+            assert 'volume "prompts" : configmap "batch-assets-prompts" not found' in mount
+            (admission,) = _step_failures(instance, refused)
+            assert "its pod never started" in admission and "Kubernetes refused to create it" in admission, admission
+            assert 'violates PodSecurity "restricted:latest"' in admission
+            assert "allowPrivilegeEscalation must be false" in admission
+            # the run workers and the read/prepare steps of these runs were admitted: the values pass restricted
+            assert all(j.create_error is None for j in cluster.jobs if j.step_key != "gpu_docs__inferred")
+            for run_id in (bad_image, bad_volume, refused):
+                (infer,) = [j for j in cluster.jobs_for_run(run_id) if j.step_key == "gpu_docs__inferred"]
+                assert infer.deleted and infer.pod_gone and infer.process is None
+            # the `gpu` slot (limit 1) was freed each time: the second run's infer step got it, and nothing holds it
+            info = instance.event_log_storage.get_concurrency_info("gpu")
+            assert info.slot_count == 1 and info.active_slot_count == 0, info
+    finally:
+        cluster.stop()
+
+
 def test_the_rendered_deployment_is_what_the_tests_run(tmp_path: Path, cluster: KubernetesJobsStub,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The instance and container context these tests run under are the chart's rendering of k8s/values.yaml,
-    with only the in-cluster parts replaced (a guard against the fixtures drifting from the values)."""
+    """The instance and container context these tests run under are helm's rendering of k8s/values.yaml, with only
+    the in-cluster parts replaced (a guard against the fixtures drifting from the chart), and every ConfigMap and
+    Secret a run or step pod names exists in the stand-in, as `kubectl apply` of the chart and k8s/ would leave it."""
     from tests.k8s import chart
+    from tests.k8s.conftest import IN_CLUSTER_LAUNCHER_KEYS, LOCAL_STORAGE_KEYS
 
     deployment, _, _ = _deploy(tmp_path, cluster, _pipeline(tmp_path, {"gpus": 1}), monkeypatch)
-    rendered = chart.instance(chart.values(), NAMESPACE)
+    rendered = chart.render()
+    production = rendered.instance
     used = yaml.safe_load((deployment.home / "dagster.yaml").read_text())
-    assert {k: v for k, v in used.items() if k != "compute_logs"} == {
-        **{k: v for k, v in rendered.items() if k != "compute_logs"},
-        "run_launcher": {**rendered["run_launcher"], "config": {
-            **rendered["run_launcher"]["config"], "load_incluster_config": False,
-            "kubeconfig_file": str(cluster.kubeconfig), "dagster_home": str(deployment.home)}}}
-    assert deployment.container_context == chart.container_context(chart.values(), NAMESPACE)
-    assert json.loads(chart.grpc_container_context_env(chart.values(), NAMESPACE)[
-        "DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]) == deployment.container_context
+    # every production section the tests keep is the chart's, key for key
+    assert set(used) == set(production) - set(LOCAL_STORAGE_KEYS), sorted(set(used) ^ set(production))
+    for section, config in used.items():
+        if section != "run_launcher":
+            assert config == production[section], section
+    launcher, rendered_launcher = used["run_launcher"]["config"], production["run_launcher"]["config"]
+    assert {k: v for k, v in launcher.items() if k not in IN_CLUSTER_LAUNCHER_KEYS} == {
+        k: v for k, v in rendered_launcher.items() if k not in IN_CLUSTER_LAUNCHER_KEYS}
+    assert launcher["kubeconfig_file"] == str(cluster.kubeconfig) and launcher["load_incluster_config"] is False
+    # the code server's container context is the one in the rendered user Deployment's env, as the chart sets it
+    (user,) = [d for d in rendered.manifests if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(
+        "-batch-assets")]
+    (grpc_env,) = [e for e in user["spec"]["template"]["spec"]["containers"][0]["env"]
+                   if e["name"] == "DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]
+    assert deployment.container_context == json.loads(grpc_env["value"])
+    k8s = deployment.container_context["k8s"]
+    assert k8s["env_config_maps"][0] == "dagster-dagster-user-deployments-batch-assets-user-env"  # the real name
+    assert k8s["image_pull_secrets"] == [{"name": "batch-assets-registry"}]
+    # the private image pulls everywhere: code server, webserver, daemon (the run launcher gives run pods theirs)
+    for name, pod in k8s_check.pod_specs(rendered.manifests).items():
+        assert pod.get("imagePullSecrets") == [{"name": "batch-assets-registry"}], name
+    assert launcher["image_pull_secrets"] == [{"name": "batch-assets-registry"}]
+    # what a pod names exists where the pod looks: the chart's ConfigMaps, k8s/config.yaml, the values' Secrets
+    for name in [*k8s["env_config_maps"], *launcher.get("env_config_maps", [])]:
+        assert (NAMESPACE, name) in cluster.config_maps, name
+    for name in [*k8s["env_secrets"], launcher["postgres_password_secret"]]:
+        assert (NAMESPACE, name) in cluster.secrets, name

@@ -17,6 +17,7 @@ def test_selected_by_batch_executor_env(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("BATCH_EXECUTOR", raising=False)
     assert build_definitions([spec]).resolve_job_def("docs_job").executor_def.name != "batch_k8s"
     monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    monkeypatch.setenv("BATCH_STORAGE_ROOT", "s3://bucket/batch")
     job = build_definitions([spec]).resolve_job_def("docs_job")
     assert job.executor_def.name == "batch_k8s"
 
@@ -64,8 +65,36 @@ def test_the_code_location_gives_the_executor_every_pipeline(tmp_path: Path, mon
     real = k8s_executor.batch_k8s_executor
     monkeypatch.setattr(k8s_executor, "batch_k8s_executor", lambda specs: given.extend(specs) or real(specs))
     monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    monkeypatch.setenv("BATCH_STORAGE_ROOT", "s3://bucket/batch")
     spec = make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 1})
     defs = definitions.build_definitions([spec], components=True)
     assert defs.resolve_job_def("document_search_job").executor_def.name == "batch_k8s"
     assert {s.name for s in given} == {"docs", "document_search"}
     assert next(s for s in given if s.name == "docs") == spec
+
+
+def test_a_local_storage_root_is_refused_on_kubernetes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: with BATCH_EXECUTOR=k8s every step runs in its own pod; a local storage root is a different disk
+    in each, and the outputs would vanish with the pods. Refused when the code location loads and in every step,
+    unless the deployment declares the path a volume shared by every pod."""
+    from batch_assets.definitions import build_definitions
+    from batch_assets.errors import PipelineError
+    from batch_assets.storage import ArrowStorage
+
+    spec = make_spec(EMBED_SPEC, tmp_path)
+    monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    monkeypatch.delenv("BATCH_STORAGE_ROOT_SHARED", raising=False)
+    monkeypatch.setenv("BATCH_STORAGE_ROOT", str(tmp_path / "store"))
+    with pytest.raises(PipelineError, match=r"is a local folder, but BATCH_EXECUTOR=k8s runs every step in its own "
+                                            r"pod.*s3://bucket/prefix in k8s/config.yaml.*BATCH_STORAGE_ROOT_SHARED=1"):
+        build_definitions([spec])
+    with pytest.raises(PipelineError, match="local folder"):  # a step of a run whose config names a local root
+        ArrowStorage(root=str(tmp_path / "other")).resolved_root()
+    monkeypatch.setenv("BATCH_STORAGE_ROOT", "s3://bucket/batch")
+    assert build_definitions([spec]).resolve_job_def("docs_job").executor_def.name == "batch_k8s"
+    monkeypatch.setenv("BATCH_STORAGE_ROOT", str(tmp_path / "store"))
+    monkeypatch.setenv("BATCH_STORAGE_ROOT_SHARED", "1")  # a ReadWriteMany volume at the same path in every pod
+    assert ArrowStorage().resolved_root() == str(tmp_path / "store")
+    monkeypatch.delenv("BATCH_EXECUTOR")  # local runs: any root
+    monkeypatch.delenv("BATCH_STORAGE_ROOT_SHARED")
+    assert ArrowStorage().resolved_root() == str(tmp_path / "store")

@@ -138,7 +138,8 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
     multi = {**spec, "name": "docs_multi", "backfill": {"policy": "multi_run", "max_partitions_per_run": 1}}
     (pipelines / "docs_multi.yaml").write_text(yaml.safe_dump(multi))
     env = {"DAGSTER_HOME": str(k8s_dagster_home), "BATCH_PIPELINES_DIR": str(pipelines),
-           "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s"}
+           "BATCH_STORAGE_ROOT": str(store), "BATCH_EXECUTOR": "k8s",
+           "BATCH_STORAGE_ROOT_SHARED": "1"}  # the stand-in's pods share this machine's disk (a RWX volume's role)
     # Pods read the code location's settings from its ConfigMap (k8s/config.yaml); the GPU nodes fit the policy.
     k8s_stub.config_maps[("batch", CONFIG_MAP)].update(env)
     k8s_stub.nodes += [

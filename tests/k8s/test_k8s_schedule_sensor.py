@@ -81,7 +81,7 @@ def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, 
     for spec in (daily, inbox):
         (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     env = {"DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
-           "BATCH_EXECUTOR": "k8s"}
+           "BATCH_EXECUTOR": "k8s", "BATCH_STORAGE_ROOT_SHARED": "1"}  # the stand-in's pods share this disk
     # Pods read the settings from the code location's ConfigMap. The test's model class lives in tests/ (a real
     # image would have the user's model package installed), hence PYTHONPATH.
     k8s_stub.create_config_map(CONFIG_MAP, {**env, "PYTHONPATH": str(ROOT)}, namespace="batch")
