@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -111,10 +112,28 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
     return [t.result() for t in tasks]
 
 
+async def _told(index: int, coro: Awaitable[Generation], on_answer: Callable[[int, Any], None] | None) -> Generation:
+    """A row's result, handed to `on_answer` the moment it is known (before the rest of the call is)."""
+    result = await coro
+    if on_answer is not None:
+        on_answer(index, result)
+    return result
+
+
+async def _told_batch(start: int, coro: Awaitable[np.ndarray | Failure],
+                      on_answer: Callable[[int, Any], None] | None) -> np.ndarray | Failure:
+    result = await coro
+    if on_answer is not None and not isinstance(result, Failure):
+        for offset, vector in enumerate(result):
+            on_answer(start + offset, vector)
+    return result
+
+
 class OpenAICompatibleProvider(ModelResource):
     """Generation (chat or Responses API) and embeddings against an OpenAI-compatible endpoint."""
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
+    answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
     unparseable_hint: ClassVar[str] = (
         "the endpoint did not enforce the output format: check model.config constraint_backend (response_format "
@@ -289,6 +308,23 @@ class OpenAICompatibleProvider(ModelResource):
             finally:
                 loaded.runner.close()
 
+    def stop(self, grace_s: float) -> None:
+        """No new request from now on; requests in flight get `grace_s` to answer (their answers reach
+        `on_answer`, so the infer loop keeps them), then every call still running is cancelled."""
+        loaded = self._model
+        if not isinstance(loaded, _Loaded):
+            return
+        if loaded.gate.stopping:  # stopped already (the loop, then the step): end what is left at once
+            loaded.runner.cancel_calls()
+            return
+        loaded.gate.stop_sending()
+        deadline = time.monotonic() + max(0.0, grace_s)
+        while loaded.gate.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        abandoned = loaded.gate.in_flight
+        loaded.runner.cancel_calls()
+        self._info("stopping: no new requests; %d in flight abandoned after a %.1fs grace", abandoned, grace_s)
+
     def _default_key_allowed(self) -> bool:
         """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""
         return self.send_default_api_key or self._is_openai()
@@ -341,7 +377,8 @@ class OpenAICompatibleProvider(ModelResource):
         return self.loaded.last_stats
 
     # -- capabilities ----------------------------------------------------------------------------------------------
-    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,
+                 on_answer: Callable[[int, Generation], None] | None = None) -> list[Generation]:
         loaded = self.loaded
         # Built once for the call, before any request: an unsupported constraint fails the call here.
         plan = plan_request(
@@ -357,7 +394,8 @@ class OpenAICompatibleProvider(ModelResource):
             self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
         stats = CallStats(rows=len(conversations))
         rows = [list(c) for c in conversations]
-        results = loaded.runner.run(_all_or_first_error([self._generate_row(loaded, c, plan, stats) for c in rows]))
+        results = loaded.runner.run(_all_or_first_error([
+            _told(i, self._generate_row(loaded, c, plan, stats), on_answer) for i, c in enumerate(rows)]))
         if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
             raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
         loaded.last_stats = stats
@@ -373,7 +411,7 @@ class OpenAICompatibleProvider(ModelResource):
         )
         return results
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], *, on_answer: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
         loaded = self.loaded
         texts = list(texts)
         if not texts:
@@ -381,7 +419,8 @@ class OpenAICompatibleProvider(ModelResource):
         size = self.embedding_batch_size
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         stats = CallStats(rows=len(texts))
-        outcomes = loaded.runner.run(_all_or_first_error([self._embed_batch(loaded, b, stats) for b in batches]))
+        outcomes = loaded.runner.run(_all_or_first_error([
+            _told_batch(i * size, self._embed_batch(loaded, b, stats), on_answer) for i, b in enumerate(batches)]))
         loaded.last_stats = stats
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
         if failed:
