@@ -15,8 +15,9 @@ written as one segment, then the older segments are deleted (a crash in between 
 answers, which read back the same). Object count and memory stay bounded by the chunks in flight.
 
 Entry key: the row id and a digest of the row's model input, so a row whose input changed is asked again. What is
-kept: answers and deterministic row errors (a 400, an unusable answer: asking again would pay for the same
-error); never a row that ran out of attempts on a transient failure (that row must be asked again).
+kept: answers, never a row error. A row that ran out of attempts on a transient failure must be asked again; a
+refused row (a 400) is asked again too, because a retry of dead letters exists to ask it again: after a crash a
+refused row costs one more request.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import numpy as np
 
 from batch_assets.reliability.cache import plain
 from batch_assets.storage import atomic_output, filesystem_for, join
-from resources.errors import GAVE_UP
 from resources.protocols import Classification, Generation
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,12 @@ def row_keys(row_ids: Sequence[Any], inputs: Sequence[Any]) -> list[str]:
 def encode(result: Any) -> dict[str, Any] | None:
     """A provider's result for one row as a journal entry; None for what must be asked again."""
     if isinstance(result, Generation):
-        if result.error is not None and GAVE_UP in result.error:
+        if result.error is not None:
             return None
         return {"g": [result.text, result.prompt_tokens, result.completion_tokens, result.error, result.parsed,
                       result.finish_reason]}
     if isinstance(result, Classification):
-        if result.error is not None and GAVE_UP in result.error:
+        if result.error is not None:
             return None
         return {"c": [result.label, result.score, result.error]}
     vector = np.asarray(result, dtype=np.float32)
