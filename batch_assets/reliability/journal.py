@@ -8,8 +8,11 @@ fingerprint folder (so a changed setup never reuses it, and it goes with the che
     <root>/<pipeline>/_staging/inferred/<partition>/<fingerprint>/answers/segment-<seq>-<uuid>.jsonl
 
 Why segments and not one appended file: S3 has no append. A flusher thread writes the answers that arrived since its
-last flush as one new segment each `FLUSH_S` (one atomic PUT, or temp file + fsync + rename on a local folder), so a
-half-written segment is never visible. Answers of a chunk are dropped from memory once the chunk is committed, and
+last write as one new segment as soon as there are any (one atomic PUT, or temp file + fsync + rename on a local
+folder: a half-written segment is never visible); answers arriving during a write go together into the next one, so
+an answer is durable one write (milliseconds locally, tens of them on S3) after it arrived. The request that brought
+it keeps its slot of the provider's gate until then (resources/openai_api/retry.py `settle`): requests sent plus
+answers not yet durable never exceed `max_concurrency`, which is all a SIGKILL at any moment can cost. Answers of a chunk are dropped from memory once the chunk is committed, and
 when more than `MAX_SEGMENTS` segments exist they are compacted: the answers not yet in a committed chunk are
 written as one segment, then the older segments are deleted (a crash in between leaves duplicates of the same
 answers, which read back the same). Object count and memory stay bounded by the chunks in flight.
@@ -23,6 +26,7 @@ refused row costs one more request.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -35,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from batch_assets.reliability.cache import plain
-from batch_assets.storage import atomic_output, filesystem_for, join
+from batch_assets.storage import atomic_output, filesystem_for, is_remote, join
 from resources.protocols import Classification, Generation
 
 log = logging.getLogger(__name__)
@@ -87,9 +91,11 @@ class AnswerJournal:
         self.url = join(checkpoint_url, FOLDER)
         self.fs, self.path = filesystem_for(self.url)
         self.flush_s, self.max_segments = flush_s, max_segments
+        self._local = not is_remote(self.url)
         self._found: dict[str, dict[str, Any]] = {}  # read back from an earlier run's segments
         self._live: dict[str, dict[str, Any]] = {}  # answered, not yet in a committed chunk
         self._pending: list[tuple[str, dict[str, Any]]] = []  # answered since the last flush
+        self._durable = concurrent.futures.Future()  # completes when the pending answers are written
         self._segments: list[str] = []
         self._seq = 0
         self._lock = threading.Lock()
@@ -130,14 +136,18 @@ class AnswerJournal:
         self.reused += len(out)
         return out
 
-    def record(self, key: str, result: Any) -> None:
-        """One answer as it arrives (any thread, the provider's event loop included): cheap, no I/O here."""
+    def record(self, key: str, result: Any) -> concurrent.futures.Future | None:
+        """One answer as it arrives (any thread, the provider's event loop included): cheap, no I/O here. Returns a
+        future that completes once the answer is durable (None: nothing to keep), and wakes the flusher."""
         entry = encode(result)
         if entry is None:
-            return
+            return None
         with self._lock:
             self._live[key] = entry
             self._pending.append((key, entry))
+            durable = self._durable
+        self._wake.set()
+        return durable
 
     def release(self, keys: Sequence[str]) -> None:
         """The chunk holding these rows is committed: their answers need not stay in the journal."""
@@ -153,14 +163,17 @@ class AnswerJournal:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
+            durable, self._durable = self._durable, concurrent.futures.Future()
             live = dict(self._live) if len(self._segments) >= self.max_segments else None
         try:
             if pending:
                 self._segments.append(self._write(pending))
         except BaseException:
-            with self._lock:  # not written: kept for the next flush
+            with self._lock:  # not written: kept for the next flush, whose future also stands for these
                 self._pending[:0] = pending
+                self._durable.add_done_callback(lambda _: durable.set_result(None))
             raise
+        durable.set_result(None)
         if live is not None:
             self._compact(live)
 
@@ -177,8 +190,11 @@ class AnswerJournal:
         path = f"{self.path}/segment-{self._seq:08d}-{uuid.uuid4().hex[:8]}.jsonl"
         self._seq += 1
         body = "".join(json.dumps([k, v], separators=(",", ":")) + "\n" for k, v in entries).encode()
-        with atomic_output(self.fs, path) as f:
-            f.write(body)
+        if self._local:
+            with atomic_output(self.fs, path) as f:
+                f.write(body)
+        else:
+            self.fs.pipe_file(path, body)  # one PUT: an object appears whole or not at all
         return path
 
     def _compact(self, live: dict[str, dict[str, Any]]) -> None:
@@ -193,7 +209,10 @@ class AnswerJournal:
 
     def _flush_loop(self) -> None:
         while not self._closing:
+            # Writes as soon as answers wait (those arriving during a write go together into the next one), so an
+            # answer is durable one write after it arrived; the answer's request keeps its slot until then.
             self._wake.wait(self.flush_s)
+            self._wake.clear()
             try:
                 self.flush()
             except Exception as exc:  # storage hiccup: the answers stay pending and the next flush tries again

@@ -12,6 +12,7 @@ request payloads (payloads.py), retries (retry.py), rate limits (limits.py), the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
@@ -112,21 +113,23 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
     return [t.result() for t in tasks]
 
 
-async def _told(index: int, coro: Awaitable[Generation], on_answer: Callable[[int, Any], None] | None) -> Generation:
-    """A row's result, handed to `on_answer` the moment it is known (before the rest of the call is)."""
-    result = await coro
-    if on_answer is not None:
-        on_answer(index, result)
-    return result
+# `on_answer(position, result)` hears each answer the moment it arrives; it may return a future that completes when
+# the answer is durable (the infer loop's answer journal), and the request keeps its slot of the gate until then: a
+# crash at any moment then loses at most `max_concurrency` requests (sent, or answered and not yet durable).
+OnAnswer = Callable[[int, Any], Any]
 
 
-async def _told_batch(start: int, coro: Awaitable[np.ndarray | Failure],
-                      on_answer: Callable[[int, Any], None] | None) -> np.ndarray | Failure:
-    result = await coro
-    if on_answer is not None and not isinstance(result, Failure):
-        for offset, vector in enumerate(result):
-            on_answer(start + offset, vector)
-    return result
+def _settle(on_answer: OnAnswer | None, start: int) -> Callable[[Any], Awaitable[None]] | None:
+    if on_answer is None:
+        return None
+
+    async def settle(value: Any) -> None:
+        rows = [value] if isinstance(value, Generation) else list(value)  # a Generation, or an embeddings batch
+        futures = [on_answer(start + offset, row) for offset, row in enumerate(rows)]
+        for future in {id(f): f for f in futures if isinstance(f, concurrent.futures.Future)}.values():
+            await asyncio.wrap_future(future)
+
+    return settle
 
 
 class OpenAICompatibleProvider(ModelResource):
@@ -378,7 +381,7 @@ class OpenAICompatibleProvider(ModelResource):
 
     # -- capabilities ----------------------------------------------------------------------------------------------
     def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,
-                 on_answer: Callable[[int, Generation], None] | None = None) -> list[Generation]:
+                 on_answer: OnAnswer | None = None) -> list[Generation]:
         loaded = self.loaded
         # Built once for the call, before any request: an unsupported constraint fails the call here.
         plan = plan_request(
@@ -395,7 +398,7 @@ class OpenAICompatibleProvider(ModelResource):
         stats = CallStats(rows=len(conversations))
         rows = [list(c) for c in conversations]
         results = loaded.runner.run(_all_or_first_error([
-            _told(i, self._generate_row(loaded, c, plan, stats), on_answer) for i, c in enumerate(rows)]))
+            self._generate_row(loaded, c, plan, stats, _settle(on_answer, i)) for i, c in enumerate(rows)]))
         if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
             raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
         loaded.last_stats = stats
@@ -411,7 +414,7 @@ class OpenAICompatibleProvider(ModelResource):
         )
         return results
 
-    def embed(self, texts: Sequence[str], *, on_answer: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
+    def embed(self, texts: Sequence[str], *, on_answer: OnAnswer | None = None) -> np.ndarray:
         loaded = self.loaded
         texts = list(texts)
         if not texts:
@@ -420,7 +423,7 @@ class OpenAICompatibleProvider(ModelResource):
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         stats = CallStats(rows=len(texts))
         outcomes = loaded.runner.run(_all_or_first_error([
-            _told_batch(i * size, self._embed_batch(loaded, b, stats), on_answer) for i, b in enumerate(batches)]))
+            self._embed_batch(loaded, b, stats, _settle(on_answer, i * size)) for i, b in enumerate(batches)]))
         loaded.last_stats = stats
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
         if failed:
@@ -458,7 +461,8 @@ class OpenAICompatibleProvider(ModelResource):
         return self.embedding_model or self.model
 
     async def _generate_row(
-        self, loaded: _Loaded, conversation: Conversation, plan: RequestPlan, stats: CallStats
+        self, loaded: _Loaded, conversation: Conversation, plan: RequestPlan, stats: CallStats,
+        settle: Callable[[Any], Awaitable[None]] | None = None,
     ) -> Generation:
         client = loaded.client
         if self.api == "chat":
@@ -485,6 +489,7 @@ class OpenAICompatibleProvider(ModelResource):
             cost=estimate_chat_tokens(conversation, plan.max_tokens),
             secret=loaded.secret,
             on_retry=stats.note_retry,
+            settle=settle,
         )
         if isinstance(outcome, Failure):
             stats.failed_rows += 1
@@ -493,7 +498,8 @@ class OpenAICompatibleProvider(ModelResource):
         stats.completion_tokens += outcome.completion_tokens or 0
         return outcome
 
-    async def _embed_batch(self, loaded: _Loaded, texts: list[str], stats: CallStats) -> np.ndarray | Failure:
+    async def _embed_batch(self, loaded: _Loaded, texts: list[str], stats: CallStats,
+                           settle: Callable[[Any], Awaitable[None]] | None = None) -> np.ndarray | Failure:
         kwargs: dict[str, Any] = {"encoding_format": "float"}
         if self.dimensions is not None:
             kwargs["dimensions"] = self.dimensions
@@ -509,6 +515,7 @@ class OpenAICompatibleProvider(ModelResource):
             cost=estimate_text_tokens(texts),
             secret=loaded.secret,
             on_retry=stats.note_retry,
+            settle=settle,
         )
 
     def _info(self, msg: str, *args: Any, level: int = logging.INFO) -> None:
