@@ -25,8 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import read_output, write_jsonl
-from tests.daemon_helpers import ROOT, dagster_home
+from tests.conftest import DAEMON_GROUP, free_port, read_output, write_jsonl
+from tests.daemon_helpers import (
+    ROOT, TERMINAL_RUN_STATUSES, dagster_dev_command, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
+)
 from tests.providers.fault_proxy import Echo, FaultProxy
 
 DG = str(Path(sys.executable).with_name("dg"))
@@ -164,3 +166,61 @@ def test_sigkill_at_any_moment_costs_only_the_requests_in_flight(tmp_path: Path,
           f"{ROWS} rows")
     assert total <= ROWS + len(kills) * CONCURRENCY, f"{total} requests for {ROWS} rows: answered rows were paid again"
     assert sorted(_rows(raw, store)) == sorted(f"d{i}" for i in range(ROWS))
+
+
+LAUNCH = """mutation($params: ExecutionParams!) { launchPipelineExecution(executionParams: $params) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
+TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+RUNS = """{ runsOrError { ... on Runs { results { runId status } } } }"""
+
+
+@pytest.mark.xdist_group(DAEMON_GROUP)
+def test_terminate_from_the_ui_stops_the_run_and_nothing_relaunches_it(tmp_path: Path) -> None:
+    """The UI's Terminate (GraphQL terminateRun) through the real webserver and daemon (`dagster dev`, the shipped
+    dagster.yaml: run queue, run_retries on): no request starts after it beyond those on their way, the run ends
+    CANCELED with its pool slot freed, and run_retries never relaunch it."""
+    name = "terminated"
+    data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", tmp_path / "store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(ROWS)])
+    pipelines.mkdir()
+    home = dagster_home(tmp_path / "home", shipped=True)
+    env = _user_env(home, pipelines, str(store))
+    port, log = free_port(), tmp_path / "dagster-dev.log"
+    with FaultProxy(lambda key, n: Echo(delay_s=LATENCY_S)) as proxy:
+        (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(_spec(data, proxy.url, name)))
+        with dev_server(dagster_dev_command(port), env, log) as server:
+            location = wait_ready(port, server, log)
+            launched = graphql(port, LAUNCH, {"params": {
+                "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
+                             "jobName": f"{name}_job"},
+                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "a"}]}}})
+            assert launched["launchPipelineExecution"]["__typename"] == "LaunchRunSuccess", launched
+            run_id = launched["launchPipelineExecution"]["run"]["runId"]
+            wait_for("a third of the rows sent", lambda: len(proxy.attempts) >= ROWS // 3, log, seconds=240,
+                     interval=0.05)
+            stopped_at = time.time()
+            answer = graphql(port, TERMINATE, {"runId": run_id})["terminateRun"]
+            assert answer["__typename"] == "TerminateRunSuccess", answer
+            statuses = lambda: {r["runId"]: r["status"] for r in graphql(port, RUNS)["runsOrError"]["results"]}
+            wait_for("the run to end", lambda: statuses()[run_id] in TERMINAL_RUN_STATUSES, log, seconds=120,
+                     interval=0.2)
+            ended_s = time.time() - stopped_at
+            after_stop = [a for a in proxy.attempts if a.arrived > stopped_at]
+            print(f"terminate: {len(after_stop)} requests arrived after terminateRun "
+                  f"(last {max((a.arrived - stopped_at for a in after_stop), default=0):.2f}s after it), run ended "
+                  f"{statuses()[run_id]} {ended_s:.1f}s after it, {len(proxy.attempts)} requests in the run")
+            assert statuses()[run_id] == "CANCELED", log_tail(log)
+            assert len(after_stop) <= CONCURRENCY, [round(a.arrived - stopped_at, 2) for a in after_stop]
+            # the daemon's run_retries look at ended runs every few seconds: give them several turns
+            time.sleep(15)
+            assert list(statuses()) == [run_id], "a run the user terminated was relaunched"
+            requests = len(proxy.attempts)
+        assert len(proxy.attempts) == requests  # nothing called the model after the run ended
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_run_by_id(run_id)
+        pool = "endpoint:" + proxy.url.split("//")[1].split("/")[0]
+        assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots  # the slot is free
+        retried = [e for e in instance.all_logs(run_id) if e.dagster_event is not None
+                   and e.dagster_event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+        assert not retried and run.tags.get("dagster/max_retries") == "0"
