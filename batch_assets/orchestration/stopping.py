@@ -14,6 +14,9 @@ under `stop_means_stop`, which on an interrupt:
 - raises `RunStopped`, an interrupt that is also a DagsterError: the boundary passes DagsterErrors through untouched
   (no retry), and the executor sees an interrupt, so the step is recorded as interrupted and the run ends CANCELED.
 A crash (SIGKILL, OOM, a lost node) is not a stop: the run is marked failed and `run_retries` relaunch it as before.
+Neither is a step pod (or multiprocess child) signalled alone while its run goes on (a drain, a spot eviction): its
+provider is stopped and its answers journaled the same way, then the interrupt goes on to Dagster, whose RetryPolicy
+runs the step again, resuming from the journal and the chunks.
 """
 
 from __future__ import annotations
@@ -65,11 +68,26 @@ def stop_means_stop(context: dg.AssetExecutionContext, spec: PipelineSpec, provi
             if provider is not None:
                 stop_provider(provider, spec.runtime.stop_grace_s)
         flush_open_journals()
+        if not _stopped_by_user(context):
+            raise  # a platform stopping this step's pod alone (a drain, a spot eviction): retried like a lost node
         _mark_stopped(context, type(exc).__name__)
         context.log.warning(f"{spec.name}: the run was stopped ({type(exc).__name__}); no model call was started "
                             "after the stop, answers received so far are kept for the next run, and the run is not "
                             "retried")
         raise RunStopped(f"pipeline {spec.name!r}: the run was stopped by its user") from None
+
+
+def _stopped_by_user(context: dg.AssetExecutionContext) -> bool:
+    """A Terminate (the run is CANCELING), or a signal to the run's own process (the in-process executor: `dg
+    launch`, the run worker), is the user's. A step in a process of its own (a Kubernetes step pod, a multiprocess
+    child) signalled while its run goes on is being moved by its platform: the step's RetryPolicy runs it again."""
+    try:
+        run = context.instance.get_run_by_id(context.run_id)
+    except Exception:
+        run = None
+    if run is not None and run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED):
+        return True
+    return context.job_def.executor_def.name == dg.in_process_executor.name
 
 
 def _mark_stopped(context: dg.AssetExecutionContext, why: str) -> None:
