@@ -32,8 +32,8 @@ from batch_assets.orchestration.lineage import stage_code_version
 from batch_assets.orchestration.overlap import partition_window_rows, run_overlapped
 from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
 from batch_assets.orchestration.progress import PartitionProgress
-from batch_assets.orchestration.stopping import stoppable
 from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+from batch_assets.orchestration.stopping import stoppable
 from batch_assets.orchestration.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached

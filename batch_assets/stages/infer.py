@@ -12,8 +12,13 @@ retry in batch_assets/retry_dead_letters.py); what a task kind means is asked of
 - at the end the `inferred` file is assembled from the prepared rows and the committed chunks, in one schema fixed
   from the output types the Task declares (`Task.schema()`), atomically.
 
-Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider and then becomes a
-row error; a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
+Providers billed per request (`answers_each_row`) have each answer journaled as it arrives (reliability/journal.py):
+a rerun after a crash sends only rows never answered. A stop (an interrupt: Terminate, SIGTERM, Ctrl-C) stops the
+provider: nothing new is sent, calls in flight get `runtime.stop_grace_s`, their answers are journaled.
+
+Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider; a row that runs
+out of attempts is owed, not published (its chunk is not committed, the step fails at the end, retryable, and the
+rerun asks only those rows); a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
 permission, unknown model, exhausted quota; or every row of a chunk failing the same way) fails the step at once,
 naming the cause and the fix. The error rate against `runtime.max_error_fraction` is a blocking asset check.
 """
