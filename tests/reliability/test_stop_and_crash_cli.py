@@ -124,6 +124,8 @@ def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_t
                        and e.dagster_event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
             assert not retried, "a stop was turned into a step retry"
             assert run.tags.get("dagster/max_retries") == "0"  # run_retries never relaunch it
+            pool = "endpoint:" + proxy.url.split("//")[1].split("/")[0]
+            assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots  # its pool slot is free
 
         second_log = tmp_path / "second.log"
         second = _launch(name, env, second_log)
