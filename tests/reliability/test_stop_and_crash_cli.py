@@ -36,11 +36,11 @@ ROWS, CONCURRENCY, CHUNK, LATENCY_S = 400, 8, 64, 0.1
 pytestmark = pytest.mark.slow
 
 
-def _spec(data: Path, base_url: str, name: str) -> dict:
+def _spec(data: Path, base_url: str, name: str, keys: tuple[str, ...] = ("a",)) -> dict:
     return {
         "name": name,
         "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
-        "partitioning": {"kind": "static", "keys": ["a"]},
+        "partitioning": {"kind": "static", "keys": list(keys)},
         "prepare": {"id_column": "doc_id", "template": "Say {text}"},
         "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
         "model": {"provider": "openai", "config": {"model": "echo", "base_url": base_url,
@@ -56,9 +56,10 @@ def _user_env(home: Path, pipelines: Path, store: str) -> dict[str, str]:
             "OPENAI_API_KEY": "unused"}
 
 
-def _launch(name: str, env: dict, log: Path) -> subprocess.Popen:
+def _launch(name: str, env: dict, log: Path, keys: tuple[str, ...] = ("a",)) -> subprocess.Popen:
+    which = ["--partition", keys[0]] if len(keys) == 1 else ["--partition-range", f"{keys[0]}...{keys[-1]}"]
     with open(log, "w") as out:
-        return subprocess.Popen([DG, "launch", "--assets", f"group:{name}", "--partition", "a"], cwd=ROOT, env=env,
+        return subprocess.Popen([DG, "launch", "--assets", f"group:{name}", *which], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -80,29 +81,32 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
     return log.read_text()
 
 
-def _rows(spec_raw: dict, store: str) -> list[str]:
+def _rows(spec_raw: dict, store: str, key: str = "a") -> list[str]:
     from batch_assets.spec import parse_spec
 
-    return read_output(parse_spec(spec_raw), store, "a").column("doc_id").to_pylist()
+    return read_output(parse_spec(spec_raw), store, key).column("doc_id").to_pylist()
 
 
-@pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
-def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_the_rest(tmp_path: Path,
-                                                                                       how: str) -> None:
+@pytest.mark.parametrize("how,keys", [("ctrl_c", ("a",)), ("sigterm", ("a",)),
+                                      ("ctrl_c_range", ("a", "b"))])  # partitions inferred side by side
+def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_the_rest(tmp_path: Path, how: str,
+                                                                                       keys: tuple) -> None:
     name = f"stopped_{how}"
     data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", tmp_path / "store"
-    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(ROWS)])
+    for key in keys:
+        write_jsonl(data / f"{key}.jsonl", [{"doc_id": f"{key}{i}", "text": f"{key} row {i}"} for i in range(ROWS)])
+    rows = ROWS * len(keys)
     pipelines.mkdir()
     home = dagster_home(tmp_path / "home", shipped=True)  # the project's dagster.yaml, run_retries on
     env = _user_env(home, pipelines, str(store))
     with FaultProxy(lambda key, n: Echo(delay_s=LATENCY_S)) as proxy:
-        raw = _spec(data, proxy.url, name)
+        raw = _spec(data, proxy.url, name, keys)
         (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(raw))
         log = tmp_path / "first.log"
-        first = _launch(name, env, log)
-        _wait_for_requests(proxy, ROWS // 3, first, log)
+        first = _launch(name, env, log, keys)
+        _wait_for_requests(proxy, rows // 3, first, log)
         stopped_at = time.time()
-        if how == "ctrl_c":
+        if how.startswith("ctrl_c"):
             os.killpg(first.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
         else:
             os.kill(first.pid, signal.SIGTERM)  # Kubernetes and Dagster signal the launching process only
@@ -128,13 +132,14 @@ def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_t
             assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots  # its pool slot is free
 
         second_log = tmp_path / "second.log"
-        second = _launch(name, env, second_log)
+        second = _launch(name, env, second_log, keys)
         out2 = _finish(second, second_log)
         assert second.returncode == 0, out2[-3000:]
         total = len(proxy.attempts)
-    print(f"{how}: rerun sent {total - first_run_requests}; {total} requests for {ROWS} rows in all")
-    assert total <= ROWS + CONCURRENCY, f"{total} requests for {ROWS} rows: answered rows were asked again"
-    assert sorted(_rows(raw, str(store))) == sorted(f"d{i}" for i in range(ROWS))
+    print(f"{how}: rerun sent {total - first_run_requests}; {total} requests for {rows} rows in all")
+    assert total <= rows + CONCURRENCY, f"{total} requests for {rows} rows: answered rows were asked again"
+    for key in keys:
+        assert sorted(_rows(raw, str(store), key)) == sorted(f"{key}{i}" for i in range(ROWS))
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
