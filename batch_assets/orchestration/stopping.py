@@ -14,7 +14,7 @@ under `stop_means_stop`, which on an interrupt:
 - raises `RunStopped`, an interrupt that is also a DagsterError: the boundary passes DagsterErrors through untouched
   (no retry), and the executor sees an interrupt, so the step is recorded as interrupted and the run ends CANCELED.
 A crash (SIGKILL, OOM, a lost node) is not a stop: the run is marked failed and `run_retries` relaunch it as before.
-Neither is a step pod (or multiprocess child) signalled alone while its run goes on (a drain, a spot eviction): its
+Neither is a step pod signalled alone while its run goes on (a drain, a spot eviction): its
 provider is stopped and its answers journaled the same way, then the interrupt goes on to Dagster, whose RetryPolicy
 runs the step again, resuming from the journal and the chunks.
 """
@@ -35,6 +35,8 @@ from batch_assets.stages.infer import is_stop, stop_provider
 
 STOPPED_TAG = "batch_assets/stopped"
 MAX_RETRIES_TAG = "dagster/max_retries"  # Dagster's per-run override of run_retries.max_retries
+# Executors that run each step in a pod of its own (batch_assets/orchestration/k8s_executor.py, dagster-k8s's)
+POD_EXECUTORS = frozenset({"batch_k8s", "k8s"})
 
 
 class RunStopped(dg.DagsterExecutionInterruptedError, dg.DagsterError):
@@ -78,16 +80,17 @@ def stop_means_stop(context: dg.AssetExecutionContext, spec: PipelineSpec, provi
 
 
 def _stopped_by_user(context: dg.AssetExecutionContext) -> bool:
-    """A Terminate (the run is CANCELING), or a signal to the run's own process (the in-process executor: `dg
-    launch`, the run worker), is the user's. A step in a process of its own (a Kubernetes step pod, a multiprocess
-    child) signalled while its run goes on is being moved by its platform: the step's RetryPolicy runs it again."""
+    """A Terminate (the run is CANCELING), or a signal to a step on this machine (the in-process executor's run
+    process, a multiprocess child: Ctrl-C reaches the whole group), is the user's. A step pod of its own (the
+    Kubernetes executors) signalled while its run goes on is being moved by its platform (a drain, a spot eviction):
+    the step's RetryPolicy runs it again."""
     try:
         run = context.instance.get_run_by_id(context.run_id)
     except Exception:
         run = None
     if run is not None and run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED):
         return True
-    return context.job_def.executor_def.name == dg.in_process_executor.name
+    return context.job_def.executor_def.name not in POD_EXECUTORS
 
 
 def _mark_stopped(context: dg.AssetExecutionContext, why: str) -> None:

@@ -88,7 +88,8 @@ def _rows(spec_raw: dict, store: str, key: str = "a") -> list[str]:
 
 
 @pytest.mark.parametrize("how,keys", [("ctrl_c", ("a",)), ("sigterm", ("a",)),
-                                      ("ctrl_c_range", ("a", "b"))])  # partitions inferred side by side
+                                      ("ctrl_c_range", ("a", "b")),  # partitions inferred side by side
+                                      ("ctrl_c_multiprocess", ("a",))])  # BATCH_EXECUTOR=multiprocess: a step child
 def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_the_rest(tmp_path: Path, how: str,
                                                                                        keys: tuple) -> None:
     name = f"stopped_{how}"
@@ -99,6 +100,8 @@ def test_a_stopped_cli_run_stops_at_once_ends_canceled_and_the_rerun_pays_only_t
     pipelines.mkdir()
     home = dagster_home(tmp_path / "home", shipped=True)  # the project's dagster.yaml, run_retries on
     env = _user_env(home, pipelines, str(store))
+    if how.endswith("multiprocess"):
+        env["BATCH_EXECUTOR"] = "multiprocess"
     with FaultProxy(lambda key, n: Echo(delay_s=LATENCY_S)) as proxy:
         raw = _spec(data, proxy.url, name, keys)
         (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(raw))
