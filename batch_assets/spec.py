@@ -396,6 +396,13 @@ class RuntimeSpec(_Strict):
         "was empty are reported, not counted. The read stage holds the rows whose values do not convert to "
         "source.types against the same fraction (docs/reading-data.md).",
     )
+    stop_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="When a run is stopped (Terminate in the UI, SIGTERM, Ctrl-C) no new model request starts; "
+        "requests already in flight get this many seconds to answer (their answers are kept), then are abandoned "
+        "(docs/RELIABILITY.md, 'Stopping a run').",
+    )
     response_cache: bool = Field(
         default=False,
         description="Keep every successful model answer under <storage root>/_cache, keyed by model, parameters and "

@@ -84,6 +84,10 @@ class ModelResource(dg.ConfigurableResource):
     # the load's error. Only for providers whose model loads in this process and is not tied to the thread that
     # loaded it (an HTTP client's event loop is): they opt in.
     preload: ClassVar[bool] = False
+    # Billed per request and answering row by row (an HTTP API): the capability methods take `on_answer(position,
+    # result)` and call it as each row's answer arrives, so the infer loop journals every answer within about a
+    # second (batch_assets/reliability/journal.py) and a crash costs only the requests in flight.
+    answers_each_row: ClassVar[bool] = False
     # What to check when the model's answers ignore the output constraint (the fix of the error that stops a run
     # whose structured answers do not parse).
     unparseable_hint: ClassVar[str] = ("the model's answers ignore the constraint: check the provider supports "
@@ -93,6 +97,11 @@ class ModelResource(dg.ConfigurableResource):
     def replicas_config_problem(cls, config: dict[str, Any]) -> str | None:
         """Why this `model.config` cannot run `gpu_strategy: replicas` (asked only when `runs_replicas`), or None."""
         return None
+
+    def stop(self, grace_s: float) -> None:
+        """The run is stopping (Terminate, SIGTERM, Ctrl-C): send nothing new from now on, let calls in flight
+        answer for up to `grace_s`, then abandon them. An in-process model's call cannot be cut short: the infer
+        loop stops waiting for it instead (its thread is a daemon), which is what this default leaves to it."""
 
     # -- to implement ---------------------------------------------------------------------------------------------
     def load(self) -> Any:

@@ -33,6 +33,7 @@ from batch_assets.orchestration.overlap import partition_window_rows, run_overla
 from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
 from batch_assets.orchestration.progress import PartitionProgress
 from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+from batch_assets.orchestration.stopping import stoppable
 from batch_assets.orchestration.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
@@ -311,9 +312,12 @@ def _stage_asset(
     check_specs: list[dg.AssetCheckSpec] | None = None,
     op_tags: dict[str, Any] | None = None,
     pool: str | None = None,
+    stops: str | None = None,
 ):
+    """The asset decorator of one stage; its body runs under `stop_means_stop` (orchestration/stopping.py): a
+    Terminate, SIGTERM or Ctrl-C stops it (and the model resource `stops`), never retried."""
     deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])] if stage != "raw" else []
-    return dg.asset(
+    asset = dg.asset(
         key=dg.AssetKey([spec.name, stage]),
         deps=deps,
         partitions_def=partitions_def,
@@ -330,6 +334,7 @@ def _stage_asset(
         pool=pool,
         metadata={"pipeline": spec.name, "stage": stage},
     )
+    return lambda fn: asset(stoppable(spec, stops)(fn))
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
@@ -396,7 +401,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                   set(provider_class(spec.model.provider).dagster_kinds) | {"pyarrow"},
                   {STORAGE_KEY, model_key},
                   check_specs=infer_checks,
-                  op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec))
+                  op_tags={PIPELINE_TAG: spec.name, STAGE_TAG: INFER_STAGE}, pool=infer_pool(spec), stops=model_key)
     def inferred(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         if infer_pool(spec):  # where the slot holder runs, so a later run can tell when it is gone

@@ -48,14 +48,14 @@ NON_SEMANTIC = {
 CACHED_METHODS = ("generate", "embed", "classify", "embed_images", "classify_images")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A JSON-able, deterministic form of a config value or a row input."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
+        return plain(dataclasses.asdict(value))
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, bytes):
         return {"sha256": hashlib.sha256(value).hexdigest()}
     if hasattr(value, "tobytes") and hasattr(value, "mode") and hasattr(value, "size"):  # a PIL image
@@ -72,7 +72,7 @@ def model_fingerprint(provider: Any) -> dict[str, Any]:
         name: getattr(provider, name) for name in fields
         if name not in NON_SEMANTIC and not is_secret_name(name)
     }
-    return {"provider": f"{type(provider).__module__}.{type(provider).__qualname__}", "settings": _plain(settings)}
+    return {"provider": f"{type(provider).__module__}.{type(provider).__qualname__}", "settings": plain(settings)}
 
 
 class ResponseCache:
@@ -162,20 +162,22 @@ class CachedProvider:
         return getattr(self._inner, name)
 
     def _key(self, method: str, call_args: Any, row: Any) -> str:
-        doc = json.dumps([CACHE_VERSION, self._fingerprint, method, _plain(call_args), _plain(row)],
+        doc = json.dumps([CACHE_VERSION, self._fingerprint, method, plain(call_args), plain(row)],
                          sort_keys=True, separators=(",", ":"), default=repr)
         return hashlib.sha256(doc.encode()).hexdigest()
 
     def _cached(self, method: str) -> Callable[..., Any]:
         call = getattr(self._inner, method)
 
-        def cached(rows: Sequence[Any], *args: Any) -> Any:
+        def cached(rows: Sequence[Any], *args: Any, on_answer: Callable[[int, Any], None] | None = None) -> Any:
             keys = [self._key(method, args, row) for row in rows]
             found = self._cache.get_many(sorted(set(keys)))
             miss = [i for i, k in enumerate(keys) if k not in found]
             self.hits += len(rows) - len(miss)
             self.misses += len(miss)
-            fresh = call([rows[i] for i in miss], *args) if miss else []
+            # each answer as it arrives (the answer journal), at its position among `rows`, not among the misses
+            kwargs = {} if on_answer is None else {"on_answer": lambda j, result: on_answer(miss[j], result)}
+            fresh = call([rows[i] for i in miss], *args, **kwargs) if miss else []
             if len(fresh) != len(miss):
                 raise RuntimeError(f"{type(self._inner).__name__}.{method} returned {len(fresh)} results for "
                                    f"{len(miss)} rows")

@@ -12,8 +12,13 @@ retry in batch_assets/retry_dead_letters.py); what a task kind means is asked of
 - at the end the `inferred` file is assembled from the prepared rows and the committed chunks, in one schema fixed
   from the output types the Task declares (`Task.schema()`), atomically.
 
-Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider and then becomes a
-row error; a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
+Providers billed per request (`answers_each_row`) have each answer journaled as it arrives (reliability/journal.py):
+a rerun after a crash sends only rows never answered. A stop (an interrupt: Terminate, SIGTERM, Ctrl-C) stops the
+provider: nothing new is sent, calls in flight get `runtime.stop_grace_s`, their answers are journaled.
+
+Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider; a row that runs
+out of attempts is owed, not published (its chunk is not committed, the step fails at the end, retryable, and the
+rerun asks only those rows); a bad output for one row is a row error; a failure of the setup (ProviderSetupError: rejected key, no
 permission, unknown model, exhausted quota; or every row of a chunk failing the same way) fails the step at once,
 naming the cause and the fix. The error rate against `runtime.max_error_fraction` is a blocking asset check.
 """
@@ -28,11 +33,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
+from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
@@ -40,7 +47,7 @@ from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.trial import trial_footer
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
-from resources.errors import ProviderSetupError
+from resources.errors import GAVE_UP, ProviderSetupError
 from resources.structured import UNPARSEABLE
 
 log = logging.getLogger(__name__)
@@ -192,6 +199,30 @@ class _Pending:
     call: Future | None
     ids_digest: str
     inputs_digest: str
+    keys: list[str]  # the sent rows' answer journal keys (empty without a journal)
+
+
+def is_stop(exc: BaseException) -> bool:
+    """Ctrl-C, SIGTERM (Dagster maps it to SIGINT) and a Terminate from the UI reach the step as an exception that
+    is not an `Exception` (KeyboardInterrupt, Dagster's DagsterExecutionInterruptedError, SystemExit)."""
+    return not isinstance(exc, Exception)
+
+
+def stop_provider(provider: Any, grace_s: float) -> None:
+    """The run is stopping: no new model call; calls in flight get `grace_s`, then are abandoned. Idempotent."""
+    stop = getattr(provider, "stop", None)
+    if callable(stop):
+        stop(grace_s)
+
+
+def transient_failures(ids: list[Any], errors: list[str | None]) -> list[str]:
+    """Rows whose attempts ran out on a transient failure (5xx, timeout, refused connection): their answer is
+    still owed, so they are never published as row errors."""
+    return [f"{row_id}: {err}" for row_id, err in zip(ids, errors) if err is not None and GAVE_UP in err]
+
+
+class TransientRowsError(PipelineError):
+    """Rows of the partition ran out of attempts on transient failures: the partition is not made (retryable)."""
 
 
 def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: InferStats) -> int:
@@ -200,6 +231,9 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
     chunk_rows = spec.runtime.chunk_rows
     inputs = ["row_id", "_input_empty", *task.model_input(spec)]
     workers = calls_in_flight(provider, chunk_rows)
+    # a provider billed per request: every answer durable within about a second (reliability/journal.py)
+    journal = AnswerJournal(checkpoint.url).open() if getattr(provider, "answers_each_row", False) else None
+    owed: list[str] = []  # rows that ran out of attempts on a transient failure (never published as errors)
     calls = DaemonCallPool(workers, name="infer-call")
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
     pending: deque[_Pending] = deque()
@@ -213,12 +247,19 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
             task.check(len(item.plan.sent), results)
         names, arrays = task.columns(item.plan, results, n)
         fail_if_all_failed_alike(provider, item.plan, item.index)
-        fail_on_unparseable(spec, provider, item.plan, item.batch.column("row_id").to_pylist(), item.index, results)
+        ids = item.batch.column("row_id").to_pylist()
+        fail_on_unparseable(spec, provider, item.plan, ids, item.index, results)
+        transient = transient_failures(ids, item.plan.errors)
+        if transient:
+            # Not committed: its answered rows stay in the journal, so the rerun asks only the owed rows.
+            owed.extend(transient)
+            stats.add_rows(n)
+            return
         outputs = pa.RecordBatch.from_arrays(
             [item.batch.column("row_id"), *arrays, pa.array(item.plan.errors, pa.string())],
             names=["row_id", *names, ERROR_COLUMN],
         )
-        committing.append(writes.submit(checkpoint.commit, item.index, outputs, item.ids_digest, item.inputs_digest))
+        committing.append(writes.submit(_commit, checkpoint, journal, item, outputs))
         while len(committing) > WRITES_IN_FLIGHT:
             committing.popleft().result()
         stats.add_rows(n)
@@ -238,18 +279,19 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
                 continue
             plan = task.plan(batch)
             stats.rows_sent += len(plan.sent)
+            sent_ids = batch.column("row_id").take(pa.array(plan.sent, pa.int64())).to_pylist()
+            keys = row_keys(sent_ids, plan.inputs) if journal is not None else []
             if probe and len(plan.sent) > probe:
                 # The partition's first answers go first, alone: when all of them fail to parse the same way, the
                 # step stops here instead of paying for the rest of the chunk (and of the partition).
-                probe_ids = batch.column("row_id").take(pa.array(plan.sent[:probe])).to_pylist()
-                first = task.call(plan.inputs[:probe])
-                stop_if_unparseable(spec, provider, probe_ids, first)
-                call = calls.submit(_after, first, task.call, plan.inputs[probe:])
+                first = _answer(task, journal, plan.inputs[:probe], keys[:probe])
+                stop_if_unparseable(spec, provider, sent_ids[:probe], first)
+                call = calls.submit(_after, first, _answer, task, journal, plan.inputs[probe:], keys[probe:])
             else:
-                call = calls.submit(task.call, plan.inputs) if len(plan.sent) else None
+                call = calls.submit(_answer, task, journal, plan.inputs, keys) if len(plan.sent) else None
             if len(plan.sent):
                 probe = 0
-            pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest))
+            pending.append(_Pending(index, batch, plan, call, ids_digest, inputs_digest, keys))
             # one more than the workers: the next call is queued before a worker frees, so none idles
             while len(pending) > workers:
                 finish(pending.popleft())
@@ -258,8 +300,15 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
         while committing:
             committing.popleft().result()
         failed = False
+    except BaseException as exc:
+        if is_stop(exc):  # nothing new is sent; what answers within the grace is journaled below
+            stop_provider(provider, spec.runtime.stop_grace_s)
+        raise
     finally:
         chunks.close()
+        if journal is not None:
+            journal.close()
+            stats.rows_sent -= journal.reused  # answered by an earlier run: not asked again, not paid again
         for item in pending:
             if item.call is not None:
                 item.call.cancel()
@@ -267,10 +316,46 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
         # before the failure still complete, so the rerun keeps every chunk that was finished.
         calls.shutdown(wait=not failed, cancel_futures=True)
         writes.shutdown(wait=True)
+    if owed:
+        raise TransientRowsError(
+            f"{len(owed)} row(s) got no answer: the model endpoint failed transiently until their attempts ran out "
+            f"(first: {owed[0]}); the partition is not published, and every other answer is kept",
+            fix="run the partition again (the step's retry policy does so by itself when `retries` allows): a rerun "
+            f"asks the model only for these {len(owed)} row(s); if the endpoint is down, wait until it is back",
+            retryable=True,
+        )
     return count
 
 
-def _after(first: list[Any], call: Callable[..., list[Any]], *args: Any) -> list[Any]:
+def _commit(checkpoint: ChunkCheckpoint, journal: AnswerJournal | None, item: _Pending, outputs: pa.RecordBatch) -> None:
+    checkpoint.commit(item.index, outputs, item.ids_digest, item.inputs_digest)
+    if journal is not None:
+        journal.release(item.keys)  # in a committed chunk now: compaction may drop them
+
+
+def _answer(task: Task, journal: AnswerJournal | None, inputs: Any, keys: list[str]) -> Any:
+    """The provider's results for `inputs`: rows an earlier run already got an answer for come from the journal,
+    only the rest is sent, and each of their answers goes into the journal the moment it arrives."""
+    if journal is None:
+        return task.call(inputs)
+    found = journal.lookup(keys)
+    missing = [i for i in range(len(keys)) if i not in found]
+    fresh: Any = []
+    if missing:
+        fresh = task.call([inputs[i] for i in missing],
+                          on_answer=lambda j, result: journal.record(keys[missing[j]], result))
+        task.check(len(missing), fresh)
+    if not found:
+        return fresh
+    out: list[Any] = [None] * len(keys)
+    for i, result in found.items():
+        out[i] = result
+    for i, result in zip(missing, fresh):
+        out[i] = result
+    return np.stack(out) if task.method in ("embed", "embed_images") else out
+
+
+def _after(first: Any, call: Callable[..., Any], *args: Any) -> list[Any]:
     """The probe's results followed by the rest of the chunk's (one result per sent row, in order)."""
     return [*first, *call(*args)]
 

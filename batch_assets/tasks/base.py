@@ -168,9 +168,11 @@ class Task:
         empty = batch.column("_input_empty").to_numpy(zero_copy_only=False)
         return self._plan(batch, np.flatnonzero(~empty), errors)
 
-    def call(self, inputs: Any) -> Any:
-        """The loop's only call into a provider, for every task kind."""
-        return getattr(self.provider, self.method)(inputs, *self._call_args())
+    def call(self, inputs: Any, on_answer: Any = None) -> Any:
+        """The loop's only call into a provider, for every task kind. `on_answer(position, result)`, for providers
+        that answer row by row (`answers_each_row`), hears each row's result as it arrives (the answer journal)."""
+        kwargs = {} if on_answer is None else {"on_answer": on_answer}
+        return getattr(self.provider, self.method)(inputs, *self._call_args(), **kwargs)
 
     def check(self, sent: int, results: Any) -> None:
         """Exactly one result per row sent; anything else would attach outputs to the wrong rows."""

@@ -62,6 +62,23 @@ class RequestGate:
         self._tokens = _bucket(tokens_per_minute) if tokens_per_minute else None
         self._resume_at = 0.0  # loop time before which nothing is sent (server-requested pause)
         self._broken: BaseException | None = None  # a setup error: nothing more is sent, by any call
+        self._stopping = False  # the run is stopping: nothing more is sent; requests in flight may still answer
+        self._never: asyncio.Event | None = None
+        self.in_flight = 0  # requests sent and not yet answered
+
+    def stop_sending(self) -> None:
+        """From any thread: no request starts after this (the run is stopping). Requests waiting for a slot, for a
+        rate-limit budget or in a retry's backoff wait until they are cancelled; the ones in flight go on."""
+        self._stopping = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def _hold_if_stopping(self) -> None:
+        if self._stopping:
+            self._never = self._never or asyncio.Event()
+            await self._never.wait()  # never set: the request is cancelled when the stop's grace ends
 
     def break_with(self, error: BaseException) -> None:
         """No request can succeed as configured (rejected key, unknown model): refuse every request still waiting,
@@ -82,6 +99,7 @@ class RequestGate:
     async def slot(self, tokens: int) -> AsyncIterator[None]:
         """Held for the duration of one HTTP request. The budget is taken after the concurrency slot so that
         what the buckets admit is what is actually sent."""
+        await self._hold_if_stopping()
         async with self._slots:
             if self._broken is not None:
                 raise self._broken
@@ -94,4 +112,9 @@ class RequestGate:
             await self._wait_for_resume()
             if self._broken is not None:
                 raise self._broken
-            yield
+            await self._hold_if_stopping()
+            self.in_flight += 1
+            try:
+                yield
+            finally:
+                self.in_flight -= 1

@@ -47,6 +47,13 @@ class BackgroundLoop:
             with self._lock:
                 self._waiting.discard(future)
 
+    def cancel_calls(self) -> None:
+        """Cancel every call running on the loop (its requests are abandoned); the loop itself stays usable."""
+        with self._lock:
+            waiting = list(self._waiting)
+        for future in waiting:
+            future.cancel()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -12,9 +12,11 @@ request payloads (payloads.py), retries (retry.py), rate limits (limits.py), the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -111,10 +113,30 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
     return [t.result() for t in tasks]
 
 
+# `on_answer(position, result)` hears each answer the moment it arrives; it may return a future that completes when
+# the answer is durable (the infer loop's answer journal), and the request keeps its slot of the gate until then: a
+# crash at any moment then loses at most `max_concurrency` requests (sent, or answered and not yet durable).
+OnAnswer = Callable[[int, Any], Any]
+
+
+def _settle(on_answer: OnAnswer | None, start: int) -> Callable[[Any], Awaitable[None]] | None:
+    if on_answer is None:
+        return None
+
+    async def settle(value: Any) -> None:
+        rows = [value] if isinstance(value, Generation) else list(value)  # a Generation, or an embeddings batch
+        futures = [on_answer(start + offset, row) for offset, row in enumerate(rows)]
+        for future in {id(f): f for f in futures if isinstance(f, concurrent.futures.Future)}.values():
+            await asyncio.wrap_future(future)
+
+    return settle
+
+
 class OpenAICompatibleProvider(ModelResource):
     """Generation (chat or Responses API) and embeddings against an OpenAI-compatible endpoint."""
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
+    answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
     unparseable_hint: ClassVar[str] = (
         "the endpoint did not enforce the output format: check model.config constraint_backend (response_format "
@@ -289,6 +311,23 @@ class OpenAICompatibleProvider(ModelResource):
             finally:
                 loaded.runner.close()
 
+    def stop(self, grace_s: float) -> None:
+        """No new request from now on; requests in flight get `grace_s` to answer (their answers reach
+        `on_answer`, so the infer loop keeps them), then every call still running is cancelled."""
+        loaded = self._model
+        if not isinstance(loaded, _Loaded):
+            return
+        if loaded.gate.stopping:  # stopped already (the loop, then the step): end what is left at once
+            loaded.runner.cancel_calls()
+            return
+        loaded.gate.stop_sending()
+        deadline = time.monotonic() + max(0.0, grace_s)
+        while loaded.gate.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        abandoned = loaded.gate.in_flight
+        loaded.runner.cancel_calls()
+        self._info("stopping: no new requests; %d in flight abandoned after a %.1fs grace", abandoned, grace_s)
+
     def _default_key_allowed(self) -> bool:
         """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""
         return self.send_default_api_key or self._is_openai()
@@ -341,7 +380,8 @@ class OpenAICompatibleProvider(ModelResource):
         return self.loaded.last_stats
 
     # -- capabilities ----------------------------------------------------------------------------------------------
-    def generate(self, conversations: Sequence[Conversation], params: GenerationParams) -> list[Generation]:
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,
+                 on_answer: OnAnswer | None = None) -> list[Generation]:
         loaded = self.loaded
         # Built once for the call, before any request: an unsupported constraint fails the call here.
         plan = plan_request(
@@ -357,7 +397,8 @@ class OpenAICompatibleProvider(ModelResource):
             self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
         stats = CallStats(rows=len(conversations))
         rows = [list(c) for c in conversations]
-        results = loaded.runner.run(_all_or_first_error([self._generate_row(loaded, c, plan, stats) for c in rows]))
+        results = loaded.runner.run(_all_or_first_error([
+            self._generate_row(loaded, c, plan, stats, _settle(on_answer, i)) for i, c in enumerate(rows)]))
         if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
             raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
         loaded.last_stats = stats
@@ -373,7 +414,7 @@ class OpenAICompatibleProvider(ModelResource):
         )
         return results
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], *, on_answer: OnAnswer | None = None) -> np.ndarray:
         loaded = self.loaded
         texts = list(texts)
         if not texts:
@@ -381,7 +422,8 @@ class OpenAICompatibleProvider(ModelResource):
         size = self.embedding_batch_size
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         stats = CallStats(rows=len(texts))
-        outcomes = loaded.runner.run(_all_or_first_error([self._embed_batch(loaded, b, stats) for b in batches]))
+        outcomes = loaded.runner.run(_all_or_first_error([
+            self._embed_batch(loaded, b, stats, _settle(on_answer, i * size)) for i, b in enumerate(batches)]))
         loaded.last_stats = stats
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
         if failed:
@@ -419,7 +461,8 @@ class OpenAICompatibleProvider(ModelResource):
         return self.embedding_model or self.model
 
     async def _generate_row(
-        self, loaded: _Loaded, conversation: Conversation, plan: RequestPlan, stats: CallStats
+        self, loaded: _Loaded, conversation: Conversation, plan: RequestPlan, stats: CallStats,
+        settle: Callable[[Any], Awaitable[None]] | None = None,
     ) -> Generation:
         client = loaded.client
         if self.api == "chat":
@@ -446,6 +489,7 @@ class OpenAICompatibleProvider(ModelResource):
             cost=estimate_chat_tokens(conversation, plan.max_tokens),
             secret=loaded.secret,
             on_retry=stats.note_retry,
+            settle=settle,
         )
         if isinstance(outcome, Failure):
             stats.failed_rows += 1
@@ -454,7 +498,8 @@ class OpenAICompatibleProvider(ModelResource):
         stats.completion_tokens += outcome.completion_tokens or 0
         return outcome
 
-    async def _embed_batch(self, loaded: _Loaded, texts: list[str], stats: CallStats) -> np.ndarray | Failure:
+    async def _embed_batch(self, loaded: _Loaded, texts: list[str], stats: CallStats,
+                           settle: Callable[[Any], Awaitable[None]] | None = None) -> np.ndarray | Failure:
         kwargs: dict[str, Any] = {"encoding_format": "float"}
         if self.dimensions is not None:
             kwargs["dimensions"] = self.dimensions
@@ -470,6 +515,7 @@ class OpenAICompatibleProvider(ModelResource):
             cost=estimate_text_tokens(texts),
             secret=loaded.secret,
             on_retry=stats.note_retry,
+            settle=settle,
         )
 
     def _info(self, msg: str, *args: Any, level: int = logging.INFO) -> None:

@@ -150,17 +150,23 @@ async def call_with_retries(
     cost: int,
     secret: str | None,
     on_retry: Callable[[Failure], None] | None = None,
+    settle: Callable[[T], Awaitable[None]] | None = None,
 ) -> T | Failure:
     """Run `send` until it succeeds, fails for good, or runs out of attempts; returns its value or the last Failure.
 
     Each attempt waits for a slot in `gate` (concurrency cap, rate limits, server-requested pause) and then gets
-    `policy.timeout_s` for the whole request, body included.
+    `policy.timeout_s` for the whole request, body included. `settle(value)` runs on success while the slot is still
+    held (the answer journal: the slot is freed once the answer is durable, so requests sent plus answers not yet
+    durable never exceed the gate's concurrency).
     """
     for attempt in range(1, policy.max_attempts + 1):
         try:
             async with gate.slot(cost):
                 async with asyncio.timeout(policy.timeout_s):
-                    return await send()
+                    value = await send()
+                if settle is not None:
+                    await settle(value)
+                return value
         except Exception as exc:
             failure = classify_failure(exc, secret=secret, timeout_s=policy.timeout_s)
             if failure is None:

@@ -1,8 +1,9 @@
 """Dead letters and the response cache, through the real OpenAI-compatible provider over HTTP.
 
 The endpoint is the fault proxy on loopback answering by itself (`Echo`: the completion is `echo:<prompt>`), so every
-model call is counted per row. Two rows fail with 500s until the "outage" ends; then the retry command re-runs only
-those two, merges them in and leaves the good rows untouched; a rerun with the cache on costs no model call at all,
+model call is counted per row. Two rows are refused (a 400: a row error, not retried; a 5xx that runs out of attempts
+is owed an answer instead, never a dead letter: tests/providers/test_infer_faults.py) until the endpoint's policy
+changes; then the retry command re-runs only those two, merges them in and leaves the good rows untouched; a rerun with the cache on costs no model call at all,
 in this pipeline or another one asking the same model the same prompts.
 """
 
@@ -55,7 +56,7 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
     outage = {"on": True}
 
     def script(key: str, attempt: int):
-        return Respond(500, {"error": {"message": "upstream down"}}) if key in FLAKY and outage["on"] else Echo()
+        return Respond(400, {"error": {"message": "refused by the content policy"}}) if key in FLAKY and outage["on"] else Echo()
 
     data, store, pipelines = tmp_path / "data", tmp_path / "store", tmp_path / "pipelines"
     write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
@@ -69,11 +70,11 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         assert {k for k, r in out.items() if r["error"]} == {"d3", "d7"}
         assert out["d1"]["generated_text"] == "echo:Say row 1"
         calls = {k: len(proxy.attempts_for(k)) for k in (f"Say row {i}" for i in range(10))}
-        assert calls["Say row 1"] == 1 and calls["Say row 3"] == 2  # the failing rows used both attempts
+        assert calls["Say row 1"] == 1 and calls["Say row 3"] == 1  # a 400 is final: never retried
 
         dead = pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).to_pylist()
         assert sorted(d["row_id"] for d in dead) == ["d3", "d7"]
-        assert all(d["error_class"] == "transient" and "500" in d["error"] for d in dead), dead
+        assert all(d["error_class"] == "row" and "400" in d["error"] for d in dead), dead
         assert {d["model_input"] for d in dead} == FLAKY and all(d["_source_file"].endswith("a.jsonl") for d in dead)
 
         # the outage ends: retry only the dead letters, with the documented command
@@ -94,7 +95,7 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         assert [r["doc_id"] for r in read_output(spec, store, "a").to_pylist()] == [f"d{i}" for i in range(10)]
         assert pq.read_table(dead_letter_url(ArrowStorage(root=str(store)), "echoes", "a")).num_rows == 0
         retried_calls = {k: len(proxy.attempts_for(k)) for k in calls}
-        assert retried_calls["Say row 3"] == 3 and retried_calls["Say row 1"] == 1  # only dead letters were re-sent
+        assert retried_calls["Say row 3"] == 2 and retried_calls["Say row 1"] == 1  # only dead letters were re-sent
 
         # re-materialize: already made from the same source and spec (batch_assets/orchestration/lineage.py), no model call at all
         again = run_pipeline(spec, store, ["a"])
@@ -120,7 +121,7 @@ def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_
     down = {"Say row 3", "Say row 7"}
 
     def script(key: str, attempt: int):
-        return Respond(500, {"error": {"message": "upstream down"}}) if key in down else Echo()
+        return Respond(400, {"error": {"message": "refused by the content policy"}}) if key in down else Echo()
 
     data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", f"{s3_bucket}/store"
     write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(10)])
@@ -146,11 +147,11 @@ def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_
     assert [r["doc_id"] for r in after] == [f"d{i}" for i in range(10)]  # every row once, in its place
     by_id = {r["doc_id"]: r for r in after}
     assert by_id["d3"]["error"] is None and by_id["d3"]["generated_text"] == "echo:Say row 3"
-    assert by_id["d7"]["generated_text"] is None and "500" in by_id["d7"]["error"]
+    assert by_id["d7"]["generated_text"] is None and "400" in by_id["d7"]["error"]
     assert {k: v for k, v in by_id.items() if k not in ("d3", "d7")} == \
         {k: v for k, v in before.items() if k not in ("d3", "d7")}
     dead = pq.read_table(dead_letter_url(ArrowStorage(root=store), "echoes", "a")).to_pylist()
-    assert [d["row_id"] for d in dead] == ["d7"] and dead[0]["error_class"] == "transient"
+    assert [d["row_id"] for d in dead] == ["d7"] and dead[0]["error_class"] == "row"
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey(["echoes", "output"]))
@@ -168,7 +169,7 @@ def test_retry_goes_through_the_guarded_checkpointed_infer_loop(tmp_path: Path) 
     down = {f"Say row {i}" for i in range(1, 16, 2)}  # every other row: 2 of each chunk of 4, half the partition
 
     def script(key: str, attempt: int):
-        return Respond(500, {"error": {"message": "upstream down"}}) if key in down else Echo()
+        return Respond(400, {"error": {"message": "refused by the content policy"}}) if key in down else Echo()
 
     data, store = tmp_path / "data", tmp_path / "store"
     write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(16)])
@@ -202,3 +203,37 @@ def test_retry_goes_through_the_guarded_checkpointed_infer_loop(tmp_path: Path) 
     assert all(r["error"] is None and r["generated_text"] == f"echo:Say row {i}" for i, r in enumerate(after))
     staging = store / "echoes" / "_staging"
     assert not (staging / "retry" / "a").exists() and not (staging / "retry_rows" / "a").exists()  # cleaned up
+
+
+def test_the_retry_command_finds_a_component_pipeline_in_the_users_project(tmp_path: Path) -> None:
+    """The documented command, run from a user's project as they have it, finds a pipeline declared there as a
+    Dagster Component (defs.yaml), not only the spec files: it loads the code location as Dagster does."""
+    from tests.test_dg import project_copy
+
+    refused = {"Say row 2", "Say row 5"}
+
+    def script(key: str, attempt: int):
+        return Respond(400, {"error": {"message": "refused by the content policy"}}) if key in refused else Echo()
+
+    data, store = tmp_path / "data", tmp_path / "store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(8)])
+    project = project_copy(tmp_path / "project")
+    with FaultProxy(script) as proxy:
+        raw = {**_raw_spec(data, proxy.url, name="echo_component"),
+               "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5}}
+        folder = project / "batch_assets" / "defs" / "echo_component"
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(yaml.safe_dump(
+            {"type": "batch_assets.components.BatchInferencePipeline", "attributes": raw}, sort_keys=False))
+        spec = parse_spec(raw)
+        assert run_pipeline(spec, store, ["a"]).success  # the same pipeline, run here: two dead letters
+        assert {r["doc_id"] for r in read_output(spec, store, "a").to_pylist() if r["error"]} == {"d2", "d5"}
+
+        refused.clear()  # the policy changed: the refused rows are answered now
+        env = {k: v for k, v in os.environ.items() if k not in ("BATCH_PIPELINES_DIR", "DAGSTER_HOME")}
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echo_component", "a",
+                               "--storage-root", str(store)], cwd=project, env={**env, "PYTHONPATH": str(project)},
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "retried 2 rows, 0 still failed; 0 dead letters, 8 rows published" in proc.stdout
+    assert all(r["error"] is None for r in read_output(spec, store, "a").to_pylist())
