@@ -22,6 +22,21 @@ from tests.conftest import user_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _run_until_it_exits(script: Path, text: str, where: str,
+                        env: dict[str, str]) -> tuple[subprocess.Popen[str], str, str]:
+    """Runs `text` as a script with argument `where`; fails the test when the process has not exited 120 s later."""
+    script.write_text(text)
+    proc = subprocess.Popen([sys.executable, str(script), where], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the process did not exit within 120 s of finishing:\n{out}\n{err[-2000:]}") from None
+    return proc, out, err
+
 SCRIPT = textwrap.dedent('''
     import multiprocessing, os, signal, sys, time
 
@@ -54,16 +69,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.mark.parametrize("where", ["main", "step"])
 def test_a_stuck_daemonic_child_does_not_hold_a_finished_process(tmp_path: Path, where: str) -> None:
-    script = tmp_path / "leaves_a_child.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), where], cwd=ROOT, env=user_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"the process did not exit within 120 s of finishing:\n{out}\n{err[-2000:]}") from None
+    proc, out, err = _run_until_it_exits(tmp_path / "leaves_a_child.py", SCRIPT, where, user_env())
     assert proc.returncode == 0, err[-3000:]
     child = int(out.split()[0])
     assert "killed daemonic child process(es)" in err and str(child) in err, err[-2000:]
@@ -98,17 +104,8 @@ THREAD_SCRIPT = textwrap.dedent('''
 @pytest.mark.parametrize("where", ["main", "step"])
 def test_a_stuck_non_daemon_thread_does_not_hold_a_finished_process(tmp_path: Path, where: str) -> None:
     """Shown red once: without the `threading._register_atexit` hook both cases ran into the 120 s timeout."""
-    script = tmp_path / "leaves_a_thread.py"
-    script.write_text(THREAD_SCRIPT)
     env = user_env(BATCH_EXIT_STUCK_AFTER_S="2")  # the default 60 s is for real programs
-    proc = subprocess.Popen([sys.executable, str(script), where], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"the process did not exit within 120 s of finishing:\n{out}\n{err[-2000:]}") from None
+    proc, out, err = _run_until_it_exits(tmp_path / "leaves_a_thread.py", THREAD_SCRIPT, where, env)
     assert "done" in out
     assert "still held by" in err and "stuck-library-thread" in err, err[-2000:]
     if where == "main":
