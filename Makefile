@@ -7,8 +7,10 @@ STAMP := $(VENV)/.installed-core
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
-# The webserver and daemon of `make ui` upload Dagster's usage log unless this is set (resources/telemetry.py).
-export DAGSTER_DISABLE_TELEMETRY := 1
+# The webserver and daemon of `make ui`, and the runs of `make demo`, upload Dagster's usage log unless this is set
+# (resources/telemetry.py). Set for those two targets only: `make test` keeps the environment a user's shell has, so
+# that the tests run the product as a user does (tests/test_nothing_phones_home.py).
+ui demo: export DAGSTER_DISABLE_TELEMETRY := 1
 
 .PHONY: install install-test k8s-tools k8s-check demo ui test test-fast bench bench-peers clean
 
