@@ -37,6 +37,19 @@ def _run_until_it_exits(script: Path, text: str, where: str,
         raise AssertionError(f"the process did not exit within 120 s of finishing:\n{out}\n{err[-2000:]}") from None
     return proc, out, err
 
+# Both scripts end the same way: `leave` runs in the main process, or in a (non-daemonic) multiprocessing child, as
+# Dagster runs a step.
+IN_MAIN_OR_STEP = textwrap.dedent('''
+    if __name__ == "__main__":
+        if sys.argv[1] == "main":
+            {leave}()
+        else:
+            step = multiprocessing.get_context("fork").Process(target={leave})
+            step.start()
+            step.join()
+            print("step exited", step.exitcode, flush=True)
+''')
+
 SCRIPT = textwrap.dedent('''
     import multiprocessing, os, signal, sys, time
 
@@ -55,16 +68,7 @@ SCRIPT = textwrap.dedent('''
         child.start()
         assert ready.wait(60)
         print(child.pid, flush=True)
-
-    if __name__ == "__main__":
-        if sys.argv[1] == "main":
-            leave_a_stuck_child()
-        else:  # in a (non-daemonic) multiprocessing child, as Dagster runs a step
-            step = multiprocessing.get_context("fork").Process(target=leave_a_stuck_child)
-            step.start()
-            step.join()
-            print("step exited", step.exitcode, flush=True)
-''')
+''') + IN_MAIN_OR_STEP.format(leave="leave_a_stuck_child")
 
 
 @pytest.mark.parametrize("where", ["main", "step"])
@@ -89,16 +93,7 @@ THREAD_SCRIPT = textwrap.dedent('''
         # a library's non-daemon thread that never ends (Python joins it at exit, without a timeout)
         threading.Thread(target=time.sleep, args=(3600,), name="stuck-library-thread").start()
         print("done", flush=True)
-
-    if __name__ == "__main__":
-        if sys.argv[1] == "main":
-            leave_a_stuck_thread()
-        else:
-            step = multiprocessing.get_context("fork").Process(target=leave_a_stuck_thread)
-            step.start()
-            step.join()
-            print("step exited", step.exitcode, flush=True)
-''')
+''') + IN_MAIN_OR_STEP.format(leave="leave_a_stuck_thread")
 
 
 @pytest.mark.parametrize("where", ["main", "step"])
