@@ -70,6 +70,10 @@ def test_launch_a_partition_from_the_ui_and_read_its_asset_page(tmp_path: Path) 
             context = browser.new_context(viewport={"width": 1400, "height": 1100})
             context.add_init_script("window.localStorage.setItem('communityNux', '1')")  # no newsletter pop-up
             page = context.new_page()
+            # Playwright's 30 s default for each action was overrun once on a loaded CI machine (the partition list
+            # of the Materialize dialog rendered late under `make ui`'s real daemon intervals): what each step waits
+            # for is unchanged, only how long a slow page gets.
+            page.set_default_timeout(90_000)
             base = f"http://127.0.0.1:{port}"
 
             try:
