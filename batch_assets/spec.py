@@ -26,10 +26,10 @@ from batch_assets.spec_prepare import ColumnTransform, JoinSpec, TrialSpec, func
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
-from resources.protocols import supports
-from resources.registry import PROVIDERS, provider_class
-from resources.secrets import literal_secret_problem, literal_secrets
-from resources.structured import StructuredOutput
+from batch_assets.resources.protocols import supports
+from batch_assets.resources.registry import PROVIDERS, provider_class
+from batch_assets.resources.secrets import literal_secret_problem, literal_secrets
+from batch_assets.resources.structured import StructuredOutput
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 PARTITION_TOKEN = "{partition}"

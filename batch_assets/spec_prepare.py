@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from resources.custom.loading import ImportPathError, import_object
+from batch_assets.resources.custom.loading import ImportPathError, import_object
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from batch_assets.spec import PipelineSpec
-from resources.registry import PROVIDERS, provider_class
+from batch_assets.resources.registry import PROVIDERS, provider_class
 
 HEADER = """# Pipeline spec reference
 

@@ -13,8 +13,8 @@ import statistics
 import time
 
 from data import company_names
-from resources.hf.generator import TransformersGenerator
-from resources.protocols import GenerationParams
+from batch_assets.resources.hf.generator import TransformersGenerator
+from batch_assets.resources.protocols import GenerationParams
 
 SYSTEM = ("You are a helpful assistant that infers company industries. Based on the company name provided, output "
           "only the industry category. Choose from: Law Firm, Healthcare, Technology, Retail, Consulting, "

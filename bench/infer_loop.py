@@ -84,7 +84,7 @@ def _infer_once(spec, storage) -> float:
 def bench_embed(args) -> dict:
     rows = _docs(args.rows)
     spec, storage = _setup(args.repo, rows, {})
-    from resources.hf.embedder import SentenceTransformerEmbedder
+    from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder
 
     provider = SentenceTransformerEmbedder(batch_size=32, device="cpu").load_for_tests()
     _infer_once.provider = provider  # type: ignore[attr-defined]
@@ -126,7 +126,7 @@ def _api_runs(args, url: str, proxy) -> dict:
         "task": {"kind": "generate", "params": {"max_new_tokens": 4}},
         "model": {"provider": "openai", "config": {"model": "m", "base_url": url, "max_concurrency": args.in_flight}},
     })
-    from resources.openai_api import OpenAICompatibleProvider
+    from batch_assets.resources.openai_api import OpenAICompatibleProvider
 
     provider = OpenAICompatibleProvider(model="m", base_url=url, max_concurrency=args.in_flight).load_for_tests()
     _infer_once.provider = provider  # type: ignore[attr-defined]

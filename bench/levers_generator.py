@@ -29,8 +29,8 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
-    from resources.hf.generator import TransformersGenerator
-    from resources.protocols import GenerationParams
+    from batch_assets.resources.hf.generator import TransformersGenerator
+    from batch_assets.resources.protocols import GenerationParams
 
     gen = TransformersGenerator(batch_size=32).load_for_tests()
     convs = [[{"role": "system", "content": SYSTEM},

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from data import _doc  # noqa: E402
 
-from resources.hf.embedder import SentenceTransformerEmbedder  # noqa: E402
-from resources.hf.onnx_encoder import min_cosine  # noqa: E402
+from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder  # noqa: E402
+from batch_assets.resources.hf.onnx_encoder import min_cosine  # noqa: E402
 
 
 def main() -> None:

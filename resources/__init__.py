@@ -2,11 +2,11 @@
 
 # First, before any library that reports usage or leaves a child behind is imported (resources/telemetry.py,
 # resources/process_exit.py).
-import resources.process_exit  # noqa: F401, I001
-import resources.telemetry  # noqa: F401
+import batch_assets.resources.process_exit  # noqa: F401, I001
+import batch_assets.resources.telemetry  # noqa: F401
 
-from resources.base import LOAD_COUNTS, ModelResource, resolve_device
-from resources.protocols import (
+from batch_assets.resources.base import LOAD_COUNTS, ModelResource, resolve_device
+from batch_assets.resources.protocols import (
     Classification,
     Generation,
     GenerationParams,
@@ -14,7 +14,7 @@ from resources.protocols import (
     TextEmbedder,
     TextGenerator,
 )
-from resources.registry import PROVIDERS, provider_class
+from batch_assets.resources.registry import PROVIDERS, provider_class
 
 __all__ = [
     "LOAD_COUNTS",

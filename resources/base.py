@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import dagster as dg
 from pydantic import PrivateAttr
 
-from resources.errors import ModelLoadError
-from resources.secrets import env_secret_values, is_secret_name, resolve_env_refs, scrub
+from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.secrets import env_secret_values, is_secret_name, resolve_env_refs, scrub
 
 # How many times each provider class loaded a model in this process. Tests read it; the run log says the same.
 LOAD_COUNTS: Counter[str] = Counter()

@@ -8,14 +8,14 @@ from __future__ import annotations
 import importlib
 
 PROVIDERS: dict[str, str] = {
-    "sentence_transformers": "resources.hf.embedder:SentenceTransformerEmbedder",
-    "transformers": "resources.hf.generator:TransformersGenerator",
-    "vllm": "resources.vllm_engine.provider:VLLMEngineProvider",
-    "openai": "resources.openai_api.provider:OpenAICompatibleProvider",
-    "custom": "resources.custom.provider:CustomModelProvider",
-    "zero_shot": "resources.custom.zero_shot:ZeroShotEmbeddingClassifier",
-    "hf_pipeline": "resources.custom.hf_pipeline:HFPipelineProvider",
-    "image": "resources.vision.provider:ImageModelProvider",
+    "sentence_transformers": "batch_assets.resources.hf.embedder:SentenceTransformerEmbedder",
+    "transformers": "batch_assets.resources.hf.generator:TransformersGenerator",
+    "vllm": "batch_assets.resources.vllm_engine.provider:VLLMEngineProvider",
+    "openai": "batch_assets.resources.openai_api.provider:OpenAICompatibleProvider",
+    "custom": "batch_assets.resources.custom.provider:CustomModelProvider",
+    "zero_shot": "batch_assets.resources.custom.zero_shot:ZeroShotEmbeddingClassifier",
+    "hf_pipeline": "batch_assets.resources.custom.hf_pipeline:HFPipelineProvider",
+    "image": "batch_assets.resources.vision.provider:ImageModelProvider",
 }
 
 

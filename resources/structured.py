@@ -24,7 +24,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from resources.json_schema import check_schema, resolve_ref, schema_problem
+from batch_assets.resources.json_schema import check_schema, resolve_ref, schema_problem
 
 _KINDS = ("choices", "regex", "json_schema", "pydantic_model")
 # Every message of an answer that does not satisfy the constraint holds this mark (providers may wrap the message,
@@ -57,7 +57,7 @@ class StructuredOutput(BaseModel):
         default=None,
         description="'package.module:ClassName' of a pydantic model; its JSON schema is used as `json_schema`. "
         "The module must be importable where the code location loads and where runs execute (the same Python "
-        "path): a module of this project (e.g. examples_models/), or a package installed in the virtualenv / "
+        "path): a module of this project (e.g. batch_assets/examples/), or a package installed in the virtualenv / "
         "worker image. It is imported when the spec loads, so a wrong path is reported at definition load.",
     )
     unnest: bool = Field(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
-from resources.protocols import GenerationParams
+from batch_assets.resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
+from batch_assets.resources.protocols import GenerationParams
 
 # transformers' "no limit" sentinel for model_max_length is a huge number (int(1e30)), not None.
 _NO_LIMIT = 10**7

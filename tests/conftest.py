@@ -69,7 +69,7 @@ for _var in CI_ONLY_VARIABLES:
     os.environ.pop(_var, None)
 
 from batch_assets.spec import PipelineSpec, parse_spec  # noqa: E402
-from resources.telemetry import OFF_SWITCHES  # noqa: E402
+from batch_assets.resources.telemetry import OFF_SWITCHES  # noqa: E402
 
 # The product sets its telemetry switches in os.environ of every process that imports it (resources/telemetry.py),
 # this one included; a user's shell has only those the user exported. The controller notes which those were for its

@@ -261,7 +261,7 @@ def project_copy(dest: Path) -> Path:
     shutil.copytree(ROOT / "batch_assets", dest / "batch_assets", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
         shutil.copyfile(ROOT / name, dest / name)
-    for name in ("resources", "examples_models", ".venv"):
+    for name in ("resources", ".venv"):
         (dest / name).symlink_to(ROOT / name)
     return dest
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("batch_assets", "resources")
+# The repository's top-level `resources/` folder installs as `batch_assets.resources` (setup.py): one import name,
+# `batch_assets`, that cannot collide with a user's own `resources` module.
+IMPORT_NAMES = {"resources": "batch_assets.resources"}
 
 
 def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -20,6 +23,7 @@ def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
+            parts[0] = IMPORT_NAMES.get(parts[0], parts[0])
             files[".".join(parts)] = path
     return files
 
@@ -27,6 +31,7 @@ def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
 def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, dict[str, int]]:
     """module -> {imported project module: line of the first such import}."""
     files = module_files(root, packages)
+    roots = {IMPORT_NAMES.get(p, p).split(".")[0] for p in packages}
 
     def known(name: str) -> str | None:  # `from a.b import c`: the module a.b.c if it is one, else a.b
         while name and name not in files:
@@ -50,7 +55,7 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
             else:
                 continue
             for name in names:
-                target = known(name) if name.split(".")[0] in packages else None
+                target = known(name) if name.split(".")[0] in roots else None
                 if target and target != module:
                     edges.setdefault(target, node.lineno)
         graph[module] = edges
@@ -102,8 +107,9 @@ def test_no_import_circle_in_batch_assets_or_resources() -> None:
 
 def test_resources_never_import_batch_assets() -> None:
     graph = import_graph(ROOT)
-    upward = [f"{m} -> {t} (line {line})" for m, edges in graph.items() if m.split(".")[0] == "resources"
-              for t, line in edges.items() if t.split(".")[0] == "batch_assets"]
+    providers = IMPORT_NAMES["resources"]
+    upward = [f"{m} -> {t} (line {line})" for m, edges in graph.items() if f"{m}.".startswith(f"{providers}.")
+              for t, line in edges.items() if not f"{t}.".startswith(f"{providers}.")]
     assert not upward, "providers must not reach up into the product:\n" + "\n".join(upward)
 
 
@@ -128,6 +134,7 @@ def test_the_checker_sees_circles_through_late_and_type_checking_imports(tmp_pat
 def late_project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> set[tuple[str, str]]:
     """(file, module) for each import of a project module inside a function with no `#` reason on its line."""
     found = set()
+    roots = {IMPORT_NAMES.get(p, p).split(".")[0] for p in packages}
     for path in module_files(root, packages).values():
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse("\n".join(lines))):
@@ -141,7 +148,7 @@ def late_project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> se
                 else:
                     continue
                 for name in names:
-                    if name.split(".")[0] in packages and "#" not in lines[inner.lineno - 1]:
+                    if name.split(".")[0] in roots and "#" not in lines[inner.lineno - 1]:
                         found.add((path.relative_to(root).as_posix(), name))
     return found
 

@@ -11,7 +11,7 @@ backfill-daemon interval and 5 s run queue, Component pipelines on (no BATCH_PIP
 and its forks carry an audit hook (tests/daemon_site/net_audit.py) that records each name look-up of, or connection
 to, a host that is not this machine; the test asserts there was none, and that every process exited.
 
-Shown red once: with the line `import resources.telemetry` taken out of batch_assets/__init__.py and
+Shown red once: with the line `import batch_assets.resources.telemetry` taken out of batch_assets/__init__.py and
 resources/__init__.py, the audit recorded OpenVINO's `www.google-analytics.com` request and look-up from the child
 forked in the `dg launch` process and from the code server (`dagster api grpc`).
 """
@@ -35,7 +35,7 @@ import yaml
 
 from tests.conftest import DAEMON_GROUP, EMBED_SPEC, docs_rows, free_port, user_env, write_csv, write_jsonl
 from tests.daemon_helpers import ROOT, graphql, log_tail, project_copy, wait_for, wait_ready, with_net_audit
-from resources.telemetry import OFF_SWITCHES
+from batch_assets.resources.telemetry import OFF_SWITCHES
 from tests.daemon_site import net_audit
 
 DG = str(Path(sys.executable).with_name("dg"))

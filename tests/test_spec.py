@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from batch_assets.spec import SpecError, load_spec, load_specs, parse_spec, provider_config_problems
-from resources.base import ModelResource
-from resources.registry import PROVIDERS, provider_class
+from batch_assets.resources.base import ModelResource
+from batch_assets.resources.registry import PROVIDERS, provider_class
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC
 
 

@@ -3,7 +3,7 @@ OpenVINO, in a user's environment (no `CI`) with a fresh home folder, sends noth
 home folder; a process that imported OpenVINO first sends its import event (nothing the product can undo) but no
 later one. The whole product, every launch path, is tests/test_nothing_phones_home.py.
 
-Shown red once each: with `import resources.telemetry` taken out of batch_assets/__init__.py and
+Shown red once each: with `import batch_assets.resources.telemetry` taken out of batch_assets/__init__.py and
 resources/__init__.py, both failed (the first recorded the www.google-analytics.com attempts; the second saw a second
 sending child); with the already-imported branch not switching `consent` off, the second failed (2 sending children).
 """

@@ -46,10 +46,10 @@ from batch_assets.stages.report import PartitionReport, counter_delta, partition
 from batch_assets.stages.write import run_write
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
 from batch_assets.tasks import task_type
-from resources.base import resolve_device
-from resources.errors import ModelLoadError
-from resources.registry import provider_class
-from resources.secrets import resource_config
+from batch_assets.resources.base import resolve_device
+from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.registry import provider_class
+from batch_assets.resources.secrets import resource_config
 
 # BackfillPolicy is marked beta in dagster 1.13; single-run backfills are the point of this factory.
 warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*backfill_policy.*")

@@ -38,7 +38,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.partitions import partitions_def_for, resolve_partition
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
-from resources.custom.loading import import_object
+from batch_assets.resources.custom.loading import import_object
 
 # What each stage's output depends on in the spec, its own sections and every upstream stage's: a changed prompt
 # makes `prepared`, `inferred` and `output` stale (Dagster marks an asset stale for its own code version only, so

@@ -22,7 +22,7 @@ import contextlib
 from urllib.parse import urlparse
 
 from batch_assets.spec import PipelineSpec
-from resources.registry import provider_class
+from batch_assets.resources.registry import provider_class
 
 GPU_POOL = "gpu"
 

@@ -35,11 +35,11 @@ from batch_assets.spec import (
     replicas_problem,
 )
 from batch_assets.storage import filesystem_for, parquet_rows
-from resources.registry import provider_class
+from batch_assets.resources.registry import provider_class
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Set on the infer container; providers read it at load (resources/base.py: device; vLLM: tensor_parallel_size).
-from resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV  # noqa: E402  (one name for the executor and the providers)
+from batch_assets.resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV  # noqa: E402  (one name for the executor and the providers)
 # Op tags the factory puts on each infer asset: which pipeline's policy sizes the step (k8s_executor.py reads them).
 PIPELINE_TAG = "batch_assets/pipeline"
 STAGE_TAG = "batch_assets/stage"

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from batch_assets.storage import filesystem_for, is_remote, join
-from resources.protocols import Classification, Generation
-from resources.secrets import is_secret_name
+from batch_assets.resources.protocols import Classification, Generation
+from batch_assets.resources.secrets import is_secret_name
 
 CACHE_VERSION = "v1"
 # Settings that change throughput or resilience, never an answer: left out of the fingerprint.

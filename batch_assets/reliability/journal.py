@@ -40,7 +40,7 @@ import numpy as np
 
 from batch_assets.reliability.cache import plain
 from batch_assets.storage import atomic_output, filesystem_for, is_remote, join
-from resources.protocols import Classification, Generation
+from batch_assets.resources.protocols import Classification, Generation
 
 log = logging.getLogger(__name__)
 

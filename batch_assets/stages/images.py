@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from batch_assets.spec import PipelineSpec
-from resources.multimodal import prepare_images as prepare_column
+from batch_assets.resources.multimodal import prepare_images as prepare_column
 
 
 def prepare_images(spec: PipelineSpec, batch: pa.RecordBatch) -> tuple[pa.Array, list[str | None]]:

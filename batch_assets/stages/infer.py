@@ -47,8 +47,8 @@ from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.trial import trial_footer
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
-from resources.errors import GAVE_UP, ProviderSetupError
-from resources.structured import UNPARSEABLE
+from batch_assets.resources.errors import GAVE_UP, ProviderSetupError
+from batch_assets.resources.structured import UNPARSEABLE
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PipelineSpec
 from batch_assets.tasks import ChunkPlan
-from resources.errors import GAVE_UP
-from resources.registry import provider_class
-from resources.structured import is_unparseable, validate_output
+from batch_assets.resources.errors import GAVE_UP
+from batch_assets.resources.registry import provider_class
+from batch_assets.resources.structured import is_unparseable, validate_output
 
 # A chunk whose rows all failed the same way is a setup failure only when it has at least this many rows sent:
 # two or three rows failing alike is plausibly bad rows.

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from resources.custom.loading import import_object
+from batch_assets.resources.custom.loading import import_object
 
 ROW_ERROR_COLUMN = "_row_error"  # a user function's per-row error reasons (string, null where the row is fine)
 _STRINGS = (pa.string(), pa.large_string())

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.tasks.token_limits import TokenLimit
-from resources.protocols import CAPABILITIES, GenerationParams
+from batch_assets.resources.protocols import CAPABILITIES, GenerationParams
 
 # A parsed PipelineSpec (batch_assets/spec.py). The spec imports this table to check itself, so the table names the
 # spec's type without importing it: imports run one way (tests/test_layout.py counts type-only imports too).

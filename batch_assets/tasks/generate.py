@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from batch_assets.tasks.base import ChunkPlan, Problems, Spec, note_row_errors, scatter
 from batch_assets.tasks.text import TextInput
-from resources.multimodal import build_user_content
-from resources.protocols import GenerationParams
-from resources.structured import build_columns, validate_output
+from batch_assets.resources.multimodal import build_user_content
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.structured import build_columns, validate_output
 
 
 

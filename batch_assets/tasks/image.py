@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from batch_assets.tasks.base import ChunkPlan, Problems, Spec, Task
 from batch_assets.tasks.outputs import Labels, Vectors
-from resources.multimodal import load_image
+from batch_assets.resources.multimodal import load_image
 
 
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.storage import read_batches
-from resources.protocols import GenerationParams
+from batch_assets.resources.protocols import GenerationParams
 
 class TokenCounter:
     """Counts and cuts texts in a model's tokens."""

@@ -132,7 +132,7 @@ def _batch(spec: dict[str, Any], batch_size: int) -> dict[str, Any]:
 
 
 def _vllm(spec: dict[str, Any]) -> dict[str, Any]:
-    from resources.hf.models import smollm2_location
+    from batch_assets.resources.hf.models import smollm2_location
 
     folder, gguf = smollm2_location()
     spec["model"] = {"provider": "vllm", "config": {"model": str(Path(folder) / gguf)}}

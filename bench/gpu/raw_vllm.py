@@ -22,7 +22,7 @@ def main() -> None:
     import pyarrow.parquet as pq
     from vllm import LLM, SamplingParams
 
-    from resources.hf.models import smollm2_location
+    from batch_assets.resources.hf.models import smollm2_location
 
     folder, gguf = smollm2_location()
     llm = LLM(model=f"{folder}/{gguf}")

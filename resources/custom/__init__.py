@@ -7,10 +7,10 @@
 Heavy libraries (torch, sentence-transformers, transformers) are imported only when a model loads.
 """
 
-from resources.custom.hf_pipeline import HFPipelineProvider
-from resources.custom.outputs import BatchAlignmentError, BatchOutputTypeError
-from resources.custom.provider import BatchPredictionError, CustomModelProvider
-from resources.custom.zero_shot import ZeroShotEmbeddingClassifier
+from batch_assets.resources.custom.hf_pipeline import HFPipelineProvider
+from batch_assets.resources.custom.outputs import BatchAlignmentError, BatchOutputTypeError
+from batch_assets.resources.custom.provider import BatchPredictionError, CustomModelProvider
+from batch_assets.resources.custom.zero_shot import ZeroShotEmbeddingClassifier
 
 __all__ = [
     "BatchAlignmentError",

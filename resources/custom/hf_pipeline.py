@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from resources.base import ModelResource, resolve_device
-from resources.errors import MissingExtraError
-from resources.protocols import Classification
-from resources.tokens import encoder_limit
+from batch_assets.resources.base import ModelResource, resolve_device
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.protocols import Classification
+from batch_assets.resources.tokens import encoder_limit
 
 
 class HFPipelineProvider(ModelResource):

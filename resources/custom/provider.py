@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import Field
 
-from resources.base import ModelResource, resolve_device
-from resources.custom.loading import ImportPathError, accepts_parameter, import_object
-from resources.custom.outputs import Columns, as_list, concat_outputs, normalize_output
+from batch_assets.resources.base import ModelResource, resolve_device
+from batch_assets.resources.custom.loading import ImportPathError, accepts_parameter, import_object
+from batch_assets.resources.custom.outputs import Columns, as_list, concat_outputs, normalize_output
 
 
 class BatchPredictionError(RuntimeError):

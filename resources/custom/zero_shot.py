@@ -14,11 +14,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PrivateAttr, field_validator
 
-from resources.base import ModelResource
-from resources.hf.embedder import SentenceTransformerEmbedder, cpu_encode_workers
-from resources.hf.models import MINILM
-from resources.protocols import Classification
-from resources.tokens import encoder_limit
+from batch_assets.resources.base import ModelResource
+from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder, cpu_encode_workers
+from batch_assets.resources.hf.models import MINILM
+from batch_assets.resources.protocols import Classification
+from batch_assets.resources.tokens import encoder_limit
 
 
 class ZeroShotEmbeddingClassifier(ModelResource):

@@ -6,7 +6,7 @@ step a logits processor masks the tokens the grammar does not allow. `choices` i
 greedy decoding then takes the most likely label token by token (as vLLM's `choice` does), which is not the same
 as scoring each whole label's likelihood, but it always yields exactly one of the labels.
 
-Every row's text is then checked with `resources.structured.validate_output`, the check the pipeline applies to
+Every row's text is then checked with `batch_assets.resources.structured.validate_output`, the check the pipeline applies to
 every provider. A row that ran out of `max_new_tokens` before its grammar was complete (a schema too big for the
 budget) gets `Generation.error` with its raw text kept; it never fails the call. A constraint that cannot be
 compiled (a regex feature xgrammar lacks, a broken schema) fails the call: every row would fail the same way.
@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.structured import StructuredOutput, validate_output
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.structured import StructuredOutput, validate_output
 
 
 class ConstrainableGenerator(Protocol):

@@ -17,12 +17,12 @@ import numpy as np
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
-from resources.errors import MissingExtraError
-from resources.hf.models import MINILM, minilm_path
-from resources.hf.onnx_encoder import ExportedEncoder
-from resources.hf.onnx_export import choose, surely_cpu
-from resources.tokens import encoder_limit
+from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.hf.models import MINILM, minilm_path
+from batch_assets.resources.hf.onnx_encoder import ExportedEncoder
+from batch_assets.resources.hf.onnx_export import choose, surely_cpu
+from batch_assets.resources.tokens import encoder_limit
 
 
 class SentenceTransformerEmbedder(ModelResource):

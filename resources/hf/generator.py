@@ -8,13 +8,13 @@ from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr
 
-from resources.base import ModelResource, resolve_device
-from resources.errors import MissingExtraError
-from resources.hf.constrained import generate_constrained
-from resources.hf.gguf_cache import load_gguf
-from resources.hf.models import SMOLLM2, smollm2_location
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.tokens import generation_limit
+from batch_assets.resources.base import ModelResource, resolve_device
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.hf.constrained import generate_constrained
+from batch_assets.resources.hf.gguf_cache import load_gguf
+from batch_assets.resources.hf.models import SMOLLM2, smollm2_location
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.tokens import generation_limit
 
 
 @dataclass

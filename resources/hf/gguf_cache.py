@@ -25,7 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from resources.hf.cache_folder import discard, ensure_folder
+from batch_assets.resources.hf.cache_folder import discard, ensure_folder
 
 CACHE_ENV = "BATCH_MODEL_CACHE"
 COMPLETE = "CONVERTED.json"  # written last, inside the temporary folder, before the rename

@@ -28,8 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from resources.hf.cache_folder import ensure_folder
-from resources.hf.onnx_encoder import FIDELITY_MIN, Exported, ExportedEncoder, min_cosine
+from batch_assets.resources.hf.cache_folder import ensure_folder
+from batch_assets.resources.hf.onnx_encoder import FIDELITY_MIN, Exported, ExportedEncoder, min_cosine
 
 FORMAT = 1
 CACHE_ENV = "BATCH_ONNX_CACHE"

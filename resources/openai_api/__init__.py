@@ -3,7 +3,7 @@
 The `openai` package is imported when the provider loads, not when this package is imported.
 """
 
-from resources.openai_api.provider import EmbeddingError, OpenAICompatibleProvider
-from resources.openai_api.payloads import UnsupportedConstraintError
+from batch_assets.resources.openai_api.provider import EmbeddingError, OpenAICompatibleProvider
+from batch_assets.resources.openai_api.payloads import UnsupportedConstraintError
 
 __all__ = ["EmbeddingError", "OpenAICompatibleProvider", "UnsupportedConstraintError"]

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from resources.openai_api.retry import MalformedResponse
-from resources.protocols import Generation, GenerationParams
+from batch_assets.resources.openai_api.retry import MalformedResponse
+from batch_assets.resources.protocols import Generation, GenerationParams
 
 Api = Literal["chat", "responses"]
 ConstraintBackend = Literal["response_format", "vllm", "vllm_legacy"]

@@ -25,11 +25,11 @@ import dagster as dg
 import numpy as np
 from pydantic import Field, PrivateAttr
 
-from resources.base import ModelResource
-from resources.errors import MissingExtraError
-from resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
-from resources.openai_api.loop import BackgroundLoop, http_client
-from resources.openai_api.payloads import (
+from batch_assets.resources.base import ModelResource
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
+from batch_assets.resources.openai_api.loop import BackgroundLoop, http_client
+from batch_assets.resources.openai_api.payloads import (
     ConstraintBackend,
     JsonSchemaMode,
     detect_json_schema_mode,
@@ -38,10 +38,10 @@ from resources.openai_api.payloads import (
     plan_request,
     responses_generation,
 )
-from resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.structured import StructuredOutput, validate_output
-from resources.tokens import generation_limit, load_tokenizer
+from batch_assets.resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.structured import StructuredOutput, validate_output
+from batch_assets.resources.tokens import generation_limit, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from resources.errors import GAVE_UP, ProviderSetupError
-from resources.openai_api.limits import RequestGate
+from batch_assets.resources.errors import GAVE_UP, ProviderSetupError
+from batch_assets.resources.openai_api.limits import RequestGate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,5 +1,5 @@
 """Image models: CLIP through sentence-transformers, or any torch module by import path."""
 
-from resources.vision.provider import ImageModelProvider
+from batch_assets.resources.vision.provider import ImageModelProvider
 
 __all__ = ["ImageModelProvider"]

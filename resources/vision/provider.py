@@ -8,7 +8,7 @@
   model has no text side: it classifies by nearest label prototype, the mean vector of `label_examples` images.
 
 Images arrive decoded (PIL images or HxWxC uint8 arrays): decoding and resizing belong to the prepare stage
-(`resources.multimodal.load_image`).
+(`batch_assets.resources.multimodal.load_image`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from resources.base import ModelResource, resolve_device
-from resources.custom.loading import ImportPathError, import_object
-from resources.errors import MissingExtraError
-from resources.multimodal import load_image
-from resources.protocols import Classification
-from resources.vision.preprocess import IMAGENET_MEAN, IMAGENET_STD, default_preprocess, to_rgb_array
+from batch_assets.resources.base import ModelResource, resolve_device
+from batch_assets.resources.custom.loading import ImportPathError, import_object
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.multimodal import load_image
+from batch_assets.resources.protocols import Classification
+from batch_assets.resources.vision.preprocess import IMAGENET_MEAN, IMAGENET_STD, default_preprocess, to_rgb_array
 
 
 @dataclass

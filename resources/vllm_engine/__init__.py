@@ -4,6 +4,6 @@ vLLM is imported only when the engine loads; without it `load()` raises `Missing
 `pip install 'batch-assets[vllm]'` (CUDA nodes only). See docs/providers-vllm.md.
 """
 
-from resources.vllm_engine.provider import VLLMEngineProvider
+from batch_assets.resources.vllm_engine.provider import VLLMEngineProvider
 
 __all__ = ["VLLMEngineProvider"]

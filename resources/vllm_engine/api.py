@@ -20,9 +20,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from resources.errors import MissingExtraError
+from batch_assets.resources.errors import MissingExtraError
 
-DEFAULT_API = "resources.vllm_engine.api:import_vllm_api"
+DEFAULT_API = "batch_assets.resources.vllm_engine.api:import_vllm_api"
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,13 @@ from pydantic import Field, PrivateAttr
 
 import dagster as dg
 
-from resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.structured import StructuredOutput
-from resources.tokens import generation_limit
-from resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
-from resources.vllm_engine.replicas import ReplicaSet, replica_devices
-from resources.vllm_engine.requests import prefix_order, run_chat, run_embed
+from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.structured import StructuredOutput
+from batch_assets.resources.tokens import generation_limit
+from batch_assets.resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
+from batch_assets.resources.vllm_engine.replicas import ReplicaSet, replica_devices
+from batch_assets.resources.vllm_engine.requests import prefix_order, run_chat, run_embed
 
 # Engine arguments the provider sets from its own fields; `engine_kwargs` may not repeat them.
 _OWNED_ENGINE_ARGS = frozenset(

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.vllm_engine.api import load_vllm_api
-from resources.vllm_engine.requests import run_chat, run_embed
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.vllm_engine.api import load_vllm_api
+from batch_assets.resources.vllm_engine.requests import run_chat, run_embed
 
 # -- in the worker process -------------------------------------------------------------------------------------------
 _ENGINE: Any = None

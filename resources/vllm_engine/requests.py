@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from resources.protocols import Conversation, Generation, GenerationParams
-from resources.structured import StructuredOutput, validate_output
-from resources.vllm_engine.api import VLLMApi, field_names
+from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.structured import StructuredOutput, validate_output
+from batch_assets.resources.vllm_engine.api import VLLMApi, field_names
 
 # GenerationParams fields the provider sets itself; `extra` may not override them.
 _OWNED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "structured_outputs", "guided_decoding"})

@@ -19,9 +19,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere without installing the project
 
-from resources.protocols import GenerationParams  # noqa: E402
-from resources.structured import StructuredOutput, validate_output  # noqa: E402
-from resources.vllm_engine import VLLMEngineProvider  # noqa: E402
+from batch_assets.resources.protocols import GenerationParams  # noqa: E402
+from batch_assets.resources.structured import StructuredOutput, validate_output  # noqa: E402
+from batch_assets.resources.vllm_engine import VLLMEngineProvider  # noqa: E402
 
 LABELS = ("positive", "negative", "neutral")
 REVIEWS = [

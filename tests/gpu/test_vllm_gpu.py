@@ -18,7 +18,7 @@ _reason = gpu_unavailable_reason()
 if _reason:
     pytest.skip(f"needs CUDA and vLLM: {_reason}", allow_module_level=True)
 
-from resources.vllm_engine import VLLMEngineProvider  # noqa: E402
+from batch_assets.resources.vllm_engine import VLLMEngineProvider  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -381,7 +381,7 @@ def test_values_yaml_changes_to_step_pods_are_reviewed(tmp_path: Path) -> None:
 
 # -- images -------------------------------------------------------------------------------------------------------
 
-CODE_DIRS = ("batch_assets", "resources", "examples_models")
+CODE_DIRS = ("batch_assets", "resources")
 
 
 def _instructions(name: str) -> list[tuple[str, str]]:

@@ -11,8 +11,8 @@ import pytest
 from batch_assets.orchestration.pools import infer_pool
 from batch_assets.orchestration.resource_policy import resources_for_key, resources_for_keys
 from batch_assets.spec import SpecError
-from resources.base import INFER_GPUS_ENV, resolve_device
-from resources.errors import ModelLoadError
+from batch_assets.resources.base import INFER_GPUS_ENV, resolve_device
+from batch_assets.resources.errors import ModelLoadError
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, write_jsonl
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -121,7 +121,7 @@ def test_auto_device_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_vllm_tensor_parallel_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resources.vllm_engine.provider import VLLMEngineProvider
+    from batch_assets.resources.vllm_engine.provider import VLLMEngineProvider
 
     monkeypatch.setenv(INFER_GPUS_ENV, "4")
     assert VLLMEngineProvider(model="m").engine_args()["tensor_parallel_size"] == 4

@@ -52,7 +52,7 @@ def _free_port() -> int:
 
 
 def model_path() -> str:
-    from resources.hf.models import smollm2_location
+    from batch_assets.resources.hf.models import smollm2_location
 
     folder, name = smollm2_location()
     return os.path.join(folder, name)

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from resources.hf.cache_folder import discard, ensure_folder
+from batch_assets.resources.hf.cache_folder import discard, ensure_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
 BUILDER = """
 import sys, time
 from pathlib import Path
-from resources.hf.cache_folder import ensure_folder
+from batch_assets.resources.hf.cache_folder import ensure_folder
 root, log = Path(sys.argv[1]), Path(sys.argv[2])
 def build(out):
     with open(log, "a") as f:

@@ -12,10 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from resources.base import LOAD_COUNTS
-from resources.custom import BatchAlignmentError, BatchOutputTypeError, BatchPredictionError, CustomModelProvider
-from resources.custom.loading import ImportPathError
-from resources.errors import ModelLoadError
+from batch_assets.resources.base import LOAD_COUNTS
+from batch_assets.resources.custom import BatchAlignmentError, BatchOutputTypeError, BatchPredictionError, CustomModelProvider
+from batch_assets.resources.custom.loading import ImportPathError
+from batch_assets.resources.errors import ModelLoadError
 
 USER_MODULE = textwrap.dedent(
     '''
@@ -195,7 +195,7 @@ def test_a_missing_module_names_the_path_and_what_to_install():
 
 def test_a_malformed_path_says_what_it_should_look_like():
     with pytest.raises(ImportPathError, match="must look like 'package.module:ClassName'"):
-        CustomModelProvider(class_path="examples_models.sentiment.ReviewSentiment").load_for_tests()
+        CustomModelProvider(class_path="batch_assets.examples.sentiment.ReviewSentiment").load_for_tests()
 
 
 def test_a_missing_class_lists_what_the_module_has(user_module):

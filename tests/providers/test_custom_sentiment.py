@@ -1,4 +1,4 @@
-"""The review_sentiment example class (examples_models/sentiment.py) run through CustomModelProvider with MiniLM."""
+"""The review_sentiment example class (batch_assets/examples/sentiment.py) run through CustomModelProvider with MiniLM."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.custom import CustomModelProvider
+from batch_assets.resources.custom import CustomModelProvider
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,13 +26,13 @@ REVIEWS = [
 
 @pytest.fixture(scope="module")
 def sentiment() -> CustomModelProvider:
-    # examples_models lives at the repository root; until it is listed in pyproject's packages it is importable
+    # batch_assets.examples lives at the repository root; until it is listed in pyproject's packages it is importable
     # only with the root on sys.path (a worker image would install it like any user package).
-    added = importlib.util.find_spec("examples_models") is None
+    added = importlib.util.find_spec("batch_assets.examples") is None
     if added:
         sys.path.insert(0, str(REPO_ROOT))
     provider = CustomModelProvider(
-        class_path="examples_models.sentiment:ReviewSentiment",
+        class_path="batch_assets.examples.sentiment:ReviewSentiment",
         init_kwargs={"text_column": "review"},
         batch_size=3,
     ).load_for_tests()
@@ -66,7 +66,7 @@ def test_a_missing_text_column_is_named(sentiment):
 def test_review_sentiment_pipeline_end_to_end(sentiment, tmp_path):
     """The example class as a pipeline's model: predict task, custom provider, one partition, every row out once."""
     from batch_assets.spec import parse_spec
-    from resources.base import LOAD_COUNTS
+    from batch_assets.resources.base import LOAD_COUNTS
     from tests.conftest import read_output, run_pipeline, write_jsonl
 
     rows = [{"review_id": f"r{i}", "review_text": text} for i, (text, _) in enumerate(REVIEWS)]
@@ -83,7 +83,7 @@ def test_review_sentiment_pipeline_end_to_end(sentiment, tmp_path):
             "model": {
                 "provider": "custom",
                 "config": {
-                    "class_path": "examples_models.sentiment:ReviewSentiment",
+                    "class_path": "batch_assets.examples.sentiment:ReviewSentiment",
                     "init_kwargs": {"text_column": "review_text"},
                     "batch_size": 4,
                 },

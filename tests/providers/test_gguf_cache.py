@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from resources.hf import gguf_cache
-from resources.hf.generator import TransformersGenerator
-from resources.protocols import GenerationParams
+from batch_assets.resources.hf import gguf_cache
+from batch_assets.resources.hf.generator import TransformersGenerator
+from batch_assets.resources.protocols import GenerationParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from resources.custom import HFPipelineProvider
-from resources.errors import ModelLoadError
-from resources.protocols import BatchPredictor, TextClassifier
+from batch_assets.resources.custom import HFPipelineProvider
+from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.protocols import BatchPredictor, TextClassifier
 
 
 WORDS = "the a team won match game goal soup recipe bake oven bread".split()

@@ -13,7 +13,7 @@ import threading
 import pytest
 from PIL import Image
 
-from resources.multimodal import (
+from batch_assets.resources.multimodal import (
     ImageLoadError,
     PreparedImage,
     build_user_content,

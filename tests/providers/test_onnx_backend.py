@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resources.errors import ModelLoadError
-from resources.hf.embedder import SentenceTransformerEmbedder, model_folder
-from resources.hf.models import MINILM
-from resources.hf.onnx_encoder import min_cosine
-from resources.hf.onnx_export import CACHE_ENV, cache_key, ensure_exported, read_cache
+from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder, model_folder
+from batch_assets.resources.hf.models import MINILM
+from batch_assets.resources.hf.onnx_encoder import min_cosine
+from batch_assets.resources.hf.onnx_export import CACHE_ENV, cache_key, ensure_exported, read_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def test_a_corrupt_cache_is_exported_again_by_two_processes_at_once_never_used(e
         f.write(b"\0" * 64)
     assert read_cache(cache / key) is None
     env = {**os.environ, CACHE_ENV: str(cache)}
-    code = ("from resources.hf.onnx_export import ensure_exported; from resources.hf.embedder import model_folder; "
+    code = ("from batch_assets.resources.hf.onnx_export import ensure_exported; from batch_assets.resources.hf.embedder import model_folder; "
             f"e = ensure_exported({MINILM!r}, model_folder({MINILM!r})); print(e.manifest['sha256'])")
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]

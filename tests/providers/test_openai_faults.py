@@ -14,9 +14,9 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from resources.errors import ProviderSetupError
-from resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
-from resources.protocols import GenerationParams
+from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
+from batch_assets.resources.protocols import GenerationParams
 from tests.providers.fault_proxy import Echo, FaultProxy, Forward, Malformed, Reply, Respond, Stall
 
 # Clock stamps are taken on the proxy's side after its write returns, a hair after the client may have read the

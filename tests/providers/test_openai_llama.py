@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from resources.base import LOAD_COUNTS
-from resources.openai_api import EmbeddingError, OpenAICompatibleProvider
-from resources.protocols import GenerationParams
-from resources.structured import StructuredOutput, validate_output
+from batch_assets.resources.base import LOAD_COUNTS
+from batch_assets.resources.openai_api import EmbeddingError, OpenAICompatibleProvider
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.structured import StructuredOutput, validate_output
 from tests.providers.llama_server import LlamaServer
 
 LABELS = ("Law Firm", "Healthcare", "Technology", "Retail", "Finance", "Other")

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from resources.errors import ModelLoadError
-from resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
-from resources.openai_api.payloads import choices_schema, plan_request
-from resources.openai_api.retry import backoff_delay, redact, retry_after_seconds
-from resources.protocols import GenerationParams
+from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
+from batch_assets.resources.openai_api.payloads import choices_schema, plan_request
+from batch_assets.resources.openai_api.retry import backoff_delay, redact, retry_after_seconds
+from batch_assets.resources.protocols import GenerationParams
 
 LABELS = ("Finance", "Retail", "Real Estate")
 

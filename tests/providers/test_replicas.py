@@ -19,10 +19,10 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV
-from resources.protocols import GenerationParams
-from resources.vllm_engine import VLLMEngineProvider
-from resources.vllm_engine.replicas import ReplicaSet
+from batch_assets.resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.vllm_engine import VLLMEngineProvider
+from batch_assets.resources.vllm_engine.replicas import ReplicaSet
 from tests.providers.vllm_standin import STANDIN_API
 
 SYSTEMS = ["You label industries.", "You write haiku.", "You translate."]
@@ -157,7 +157,7 @@ def test_vllm_replicas_through_the_pipeline(replicas_env, tmp_path):
 def test_sentence_transformers_replicas_pool_vectors_equal_one_process(monkeypatch):
     """The real MiniLM model in sentence-transformers' multi-process pool (two CPU workers standing in for
     cuda:0 and cuda:1): the same vectors, in the same order, as one model in this process."""
-    from resources.hf.embedder import SentenceTransformerEmbedder
+    from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder
 
     texts = [f"{topic} number {i}" for i, topic in enumerate(["the moon", "pasta water", "stock prices",
                                                               "a goalkeeper", "rain in spain"] * 8)]

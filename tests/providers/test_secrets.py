@@ -62,8 +62,8 @@ def test_references_and_empty_values_are_accepted() -> None:
 
 
 def test_default_openai_key_is_not_sent_to_another_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resources.openai_api.provider import OpenAICompatibleProvider
-    from resources.protocols import GenerationParams
+    from batch_assets.resources.openai_api.provider import OpenAICompatibleProvider
+    from batch_assets.resources.protocols import GenerationParams
     from tests.providers.fault_proxy import Echo, FaultProxy
 
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)

@@ -1,4 +1,4 @@
-"""resources.structured: the spec section, JSON schema -> Arrow types, and validation of each row's text."""
+"""batch_assets.resources.structured: the spec section, JSON schema -> Arrow types, and validation of each row's text."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from resources.protocols import GenerationParams
-from resources.structured import StructuredOutput, arrow_type_for, build_columns, validate_output
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.structured import StructuredOutput, arrow_type_for, build_columns, validate_output
 
 
 class Address(BaseModel):

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from resources.protocols import GenerationParams
-from resources.structured import StructuredOutput, arrow_type_for, validate_output
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.structured import StructuredOutput, arrow_type_for, validate_output
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def sentiment_prompt(review: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def generator():
-    from resources.hf.generator import TransformersGenerator
+    from batch_assets.resources.hf.generator import TransformersGenerator
 
     return TransformersGenerator(device="cpu", batch_size=16).load_for_tests()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resources.hf.generator import TransformersGenerator
-from resources.protocols import GenerationParams
+from batch_assets.resources.hf.generator import TransformersGenerator
+from batch_assets.resources.protocols import GenerationParams
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ import torch
 import transformers
 from PIL import Image
 
-from resources.protocols import ImageClassifier, ImageEmbedder, TextEmbedder
-from resources.vision import ImageModelProvider
+from batch_assets.resources.protocols import ImageClassifier, ImageEmbedder, TextEmbedder
+from batch_assets.resources.vision import ImageModelProvider
 
 TINY_NET = textwrap.dedent(
     '''
@@ -128,7 +128,7 @@ def test_undecoded_images_are_refused_with_a_pointer_to_the_prepare_stage(net_mo
 
 
 def test_factory_must_build_a_torch_module(net_module):
-    from resources.custom.loading import ImportPathError
+    from batch_assets.resources.custom.loading import ImportPathError
 
     with pytest.raises(ImportPathError, match="returned a str, not a torch.nn.Module"):
         ImageModelProvider(torch_module=f"{net_module}:not_a_module").load_for_tests()

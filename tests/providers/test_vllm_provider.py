@@ -12,11 +12,11 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from resources.errors import MissingExtraError
-from resources.protocols import GenerationParams, TextEmbedder, TextGenerator, supports
-from resources.registry import provider_class
-from resources.vllm_engine import VLLMEngineProvider
-from resources.vllm_engine import provider as provider_module
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.protocols import GenerationParams, TextEmbedder, TextGenerator, supports
+from batch_assets.resources.registry import provider_class
+from batch_assets.resources.vllm_engine import VLLMEngineProvider
+from batch_assets.resources.vllm_engine import provider as provider_module
 from tests.providers.vllm_standin import STANDIN_API, StandInVLLMEngine
 
 SYSTEMS = ["You label industries.", "You write haiku."]

@@ -1,4 +1,4 @@
-"""resources.vllm_engine.requests: GenerationParams -> vLLM SamplingParams, prefix ordering, outputs -> rows.
+"""batch_assets.resources.vllm_engine.requests: GenerationParams -> vLLM SamplingParams, prefix ordering, outputs -> rows.
 
 These use vLLM's real SamplingParams / StructuredOutputsParams when vllm is importable, else the look-alikes in
 tests/providers/vllm_standin.py (same field names as vLLM 0.33).
@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from resources.protocols import GenerationParams
-from resources.structured import StructuredOutput
-from resources.vllm_engine.api import VLLMApi
-from resources.vllm_engine.requests import prefix_order, sampling_params, structured_outputs_params, to_generation
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.structured import StructuredOutput
+from batch_assets.resources.vllm_engine.api import VLLMApi
+from batch_assets.resources.vllm_engine.requests import prefix_order, sampling_params, structured_outputs_params, to_generation
 from tests.providers.vllm_standin import (
     StandInCompletionOutput,
     StandInRequestOutput,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resources.custom import ZeroShotEmbeddingClassifier
-from resources.protocols import TextClassifier
+from batch_assets.resources.custom import ZeroShotEmbeddingClassifier
+from batch_assets.resources.protocols import TextClassifier
 
 TEXTS = [
     ("The striker scored twice and the team won the championship final", "sports"),

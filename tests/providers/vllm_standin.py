@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from resources.vllm_engine.api import VLLMApi
+from batch_assets.resources.vllm_engine.api import VLLMApi
 
 
 # -- look-alikes of vLLM 0.33's parameter classes (used only when vllm is not importable) ------------------------------
@@ -238,7 +238,7 @@ def vllm_importable() -> bool:
 def standin_vllm_api() -> VLLMApi:
     """The `vllm_api` seam for tests: the stand-in engine, with vLLM's real parameter classes when installed."""
     if vllm_importable():
-        from resources.vllm_engine.api import import_vllm_api
+        from batch_assets.resources.vllm_engine.api import import_vllm_api
 
         real = import_vllm_api()
         return VLLMApi(

@@ -10,7 +10,7 @@ import pytest
 
 from batch_assets.reliability.journal import MAX_SEGMENTS, AnswerJournal, row_keys
 from batch_assets.storage import filesystem_for
-from resources.protocols import Generation
+from batch_assets.resources.protocols import Generation
 
 
 def _segments(url: str) -> list[str]:

@@ -96,7 +96,7 @@ def test_embed_image_pipeline_writes_one_unit_vector_per_picture(tmp_path: Path,
     assert sorted(vectors) == sorted(r["pic_id"] for r in rows if r["pic_id"] != "gone")
     assert all(v.shape == (8,) and abs(np.linalg.norm(v) - 1.0) < 1e-4 for v in vectors.values())
     # each row holds its own picture's vector: the same model, called on that file alone, agrees
-    from resources.vision import ImageModelProvider
+    from batch_assets.resources.vision import ImageModelProvider
 
     model = ImageModelProvider(torch_module=net, image_size=32).load_for_tests()
     for row in rows[:-1]:

@@ -25,7 +25,7 @@ from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import run_prepare
 from batch_assets.stages.read import run_read
 from batch_assets.storage import ArrowStorage
-from resources.protocols import Classification, Generation
+from batch_assets.resources.protocols import Classification, Generation
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, pipeline_definitions, write_jsonl
 
 

@@ -13,7 +13,7 @@ from batch_assets.spec import parse_spec
 from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import prepare_batches
 from batch_assets.storage import ArrowStorage, read_batches, write_parquet
-from resources.protocols import Generation
+from batch_assets.resources.protocols import Generation
 
 class RecordingGenerator:
     """Stand-in at the narrowest seam: records the conversations the infer stage builds."""

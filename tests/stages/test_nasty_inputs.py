@@ -75,7 +75,7 @@ def _spec(fmt: str, data: Path | str, text_column: str = "description", **source
 
 @pytest.fixture(scope="module")
 def embedder():
-    from resources.hf.embedder import SentenceTransformerEmbedder
+    from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(device="cpu").load_for_tests()
 

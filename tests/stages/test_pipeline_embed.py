@@ -11,7 +11,7 @@ import pytest
 
 from batch_assets.partitions import hash_shard_keys
 from batch_assets.storage import ArrowStorage, read_batches
-from resources import LOAD_COUNTS
+from batch_assets.resources import LOAD_COUNTS
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, read_output, run_pipeline, write_jsonl
 
 

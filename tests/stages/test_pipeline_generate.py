@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from resources import LOAD_COUNTS
+from batch_assets.resources import LOAD_COUNTS
 from tests.conftest import GENERATE_SPEC, make_spec, read_output, run_pipeline, write_csv
 
 pytestmark = pytest.mark.slow

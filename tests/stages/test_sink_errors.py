@@ -25,7 +25,7 @@ from tests.conftest import EMBED_SPEC, make_spec, run_pipeline, write_jsonl
 
 @pytest.fixture(scope="module")
 def embedder():
-    from resources.hf.embedder import SentenceTransformerEmbedder
+    from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(device="cpu").load_for_tests()
 

@@ -17,8 +17,8 @@ from batch_assets.orchestration.pools import infer_pool
 from batch_assets.spec import SpecError
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES, source_module
-from resources.base import ModelResource
-from resources.registry import PROVIDERS
+from batch_assets.resources.base import ModelResource
+from batch_assets.resources.registry import PROVIDERS
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC, make_spec
 
 ROWS = [{"doc_id": "d1", "text": "first"}, {"doc_id": "d2", "text": "second, with a comma"}]

@@ -112,7 +112,7 @@ def test_join_skips_missing_values_and_feeds_text_column() -> None:
     (EMBED_SPEC, {"transforms": {"text": {"cast": "float99"}}}, "unknown Arrow type 'float99'"),
     (EMBED_SPEC, {"transforms": {"text": {"fill_null": "", "required": True}}}, "fill_null gives every row a value"),
     (EMBED_SPEC, {"text_column": "joined"}, "column 'joined' is not in source.columns"),
-    (EMBED_SPEC, {"function": "examples_models.catalog:no_such"}, "has no attribute 'no_such'"),
+    (EMBED_SPEC, {"function": "batch_assets.examples.catalog:no_such"}, "has no attribute 'no_such'"),
     (EMBED_SPEC, {"join": {"text": {"columns": ["doc_id", "text"]}}}, "'text' is a source column"),
     (EMBED_SPEC, {"task": {"kind": "embed", "params": {"max_new_tokens": 5}}}, "task.params: task 'embed' does not use"),
     (EMBED_SPEC, {"task": {"kind": "embed", "labels": ["a", "b"]}}, "task.labels: task 'embed' does not use it"),
@@ -270,7 +270,7 @@ def test_catalog_from_the_docs_every_row_published_once_or_kept_as_a_row_error_w
     errors = {r["sku"]: r["error"] for r in out if r["error"]}
     assert errors == {
         "lamp": "column 'description' is empty (prepare.transforms.description.required)",
-        "vase": "prepare.function examples_models.catalog:parse_prices: price is not a number: about 3",
+        "vase": "prepare.function batch_assets.examples.catalog:parse_prices: price is not a number: about 3",
     }
     assert all(len(r["embedding"]) == 384 for r in out if r["sku"] not in errors)
     assert all(r["embedding"] is None for r in out if r["sku"] in errors)

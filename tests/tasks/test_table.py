@@ -10,8 +10,8 @@ import pytest
 
 from batch_assets.spec import parse_spec
 from batch_assets.tasks import TASKS, task_type
-from resources.protocols import CAPABILITIES, supports
-from resources.registry import PROVIDERS, provider_class
+from batch_assets.resources.protocols import CAPABILITIES, supports
+from batch_assets.resources.registry import PROVIDERS, provider_class
 
 PACKAGE = Path(__file__).resolve().parents[2] / "batch_assets"
 KINDS = set(CAPABILITIES)

@@ -13,9 +13,9 @@ import pytest
 from batch_assets.spec import SpecError
 from batch_assets.storage import ArrowStorage, exists
 from batch_assets.tasks.token_limits import TokenCounter
-from resources.hf.embedder import SentenceTransformerEmbedder
-from resources.protocols import GenerationParams
-from resources.tokens import generation_limit, load_tokenizer
+from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder
+from batch_assets.resources.protocols import GenerationParams
+from batch_assets.resources.tokens import generation_limit, load_tokenizer
 from tests.bad_input_helpers import failure_message
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC, make_spec, read_output, run_pipeline, write_csv, write_jsonl
 
@@ -136,7 +136,7 @@ def test_generation_limit_takes_off_template_system_and_new_tokens() -> None:
 
 
 def test_openai_provider_counts_with_the_named_tokenizer() -> None:
-    from resources.openai_api.provider import OpenAICompatibleProvider
+    from batch_assets.resources.openai_api.provider import OpenAICompatibleProvider
 
     bare = OpenAICompatibleProvider(model="x", base_url="http://127.0.0.1:1/v1")
     assert bare.input_tokenizer() is None  # an endpoint has no tokenizer: the loop says to set one

@@ -10,7 +10,7 @@ Use it from a pipeline spec:
     model:
       provider: custom
       config:
-        class_path: examples_models.sentiment:ReviewSentiment
+        class_path: batch_assets.examples.sentiment:ReviewSentiment
         init_kwargs: {text_column: review}
         batch_size: 256
 
@@ -53,7 +53,7 @@ class ReviewSentiment:
     ):
         from sentence_transformers import SentenceTransformer
 
-        from resources.hf.models import minilm_path
+        from batch_assets.resources.hf.models import minilm_path  # an example user class: it loads the model it needs when built
 
         self.text_column = text_column
         self.encode_batch_size = encode_batch_size
