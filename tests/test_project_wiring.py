@@ -192,7 +192,8 @@ MERGING_PRODUCT_DEFINITIONS = textwrap.dedent("""\
 @pytest.mark.slow
 def test_a_users_project_needs_one_defs_yaml(tmp_path: Path) -> None:
     """As a user wires it: a create-dagster project (its definitions.py untouched), two defs.yaml files (one reading
-    `{{ env.REVIEWS_DIR }}`, one writing to `{{ project_root }}/published`) and their own asset. `dg check defs` is
+    `{{ env.REVIEWS_DIR }}`, one reading `{{ context.project_root }}/data` and writing to
+    `{{ project_root }}/published`) and their own asset. `dg check defs` is
     green with nothing else wired, and `dg launch` from the project writes under the project (the default storage
     root `data/storage` resolves there), nothing under the checkout. Then the product's own definitions merge in."""
     project = _project(tmp_path / "shop")
@@ -202,7 +203,7 @@ def test_a_users_project_needs_one_defs_yaml(tmp_path: Path) -> None:
     write_jsonl(reviews / "b.jsonl", docs_rows("b", 4))
     templated = {**SPEC, "source": {**SPEC["source"], "path": "{{ env.REVIEWS_DIR }}/*.jsonl"}}
     published = {**SPEC, "name": "reviews_published",
-                 "source": {**SPEC["source"], "path": "data/raw_reviews/*.jsonl"},
+                 "source": {**SPEC["source"], "path": "{{ context.project_root }}/data/raw_reviews/*.jsonl"},
                  "sink": {**SPEC["sink"], "path": "{{ project_root }}/published/reviews"}}
     write_jsonl(project / "data" / "raw_reviews" / "c.jsonl", docs_rows("c", 3))
     for folder, attributes in (("reviews_embed", templated), ("reviews_published", published)):
