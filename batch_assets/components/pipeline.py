@@ -123,8 +123,8 @@ class _SetEnv(EnvScope):
 def _render(raw: dict[str, Any], context: dg.ComponentLoadContext, origin: Path) -> dict[str, Any]:
     """Dagster's own rendering (jinja2, with the scope a Resolvable component gets: env, context, project_root), on
     the strings that hold a template only: a plain string such as a static partition key "2026" must stay a string,
-    where Dagster's native rendering would turn it into a number. An undefined name fails with the attribute's path
-    and line."""
+    where Dagster's native rendering would turn it into a number. An undefined name or unset variable fails the load
+    with the defs.yaml and the attribute's path."""
     resolution = context.with_rendering_scope({
         "context": LoadContextScope(context),
         "project_root": str(context.project_root.resolve()),
