@@ -14,6 +14,11 @@ instead, listing every broken file and its error, so the command exits non-zero 
 
 Set BATCH_EXECUTOR=k8s to run every step as a Kubernetes Job, infer steps sized per partition
 (batch_assets/orchestration/k8s_executor.py, docs/deployment.md).
+
+These definitions merge into a user's own Dagster project (`dg.Definitions.merge`): the storage resource is the one
+object every pipeline Component brings too, and the built-in Components load from the package itself, with or
+without a pyproject.toml (an installed wheel has none). The executor is this code location's; a user's project
+that only wants the executor merges `executor_definitions()`.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from pathlib import Path
 
 import dagster as dg
 
+import batch_assets.defs as component_defs_package
 from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
-from batch_assets.storage import DEFAULT_STORAGE_ROOT, ArrowStorage, check_root_for_executor
+from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor
 
 # `dg launch --assets "group:<name>"` parses the selection with AssetSelection.groups(include_sources=...), a
 # parameter dagster 1.13 marks beta, so every launch printed a BetaWarning about Dagster's own call; silenced here,
@@ -55,7 +61,8 @@ class BrokenSpec:
 
 def pipeline_dirs() -> list[Path]:
     extra = os.environ.get("BATCH_PIPELINES_DIR")
-    return [Path(p) for p in extra.split(os.pathsep) if p] if extra else [PIPELINES_DIR]
+    # absolute (a relative folder is the shell's: against the cwd), so a broken spec's error names the file in full
+    return [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p] if extra else [PIPELINES_DIR]
 
 
 def load_all_specs() -> tuple[list[PipelineSpec], list[BrokenSpec]]:
@@ -112,7 +119,7 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
             broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
     if components:  # pipelines declared as Dagster Components (batch_assets/defs/*/defs.yaml)
         try:
-            per_pipeline.append(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))
+            per_pipeline.append(component_definitions())
         except Exception as exc:  # same treatment as a broken spec file: a failing asset and a warning
             root = exc  # Dagster's message shows which defs.yaml failed; the innermost cause says why
             while root.__cause__ or root.__context__:
@@ -134,17 +141,41 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
         name = _asset_name(b.origin)
         names.append(name if name not in names else f"{name}_{len(names)}")
     pipelines = dg.Definitions.merge(*per_pipeline) if per_pipeline else dg.Definitions()
+    shared = dg.Definitions(resources={STORAGE_KEY: DEFAULT_STORAGE},
+                            assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
+    return dg.Definitions.merge(shared, pipelines, executor_definitions(pipelines))
+
+
+def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definitions:
+    """The product's executor as Definitions to merge: what $BATCH_EXECUTOR chooses (in_process by default: a run
+    loads its model once; batch_assets/orchestration/executors.py), or with BATCH_EXECUTOR=k8s one Kubernetes Job per
+    step, infer steps sized for the pipelines in `pipelines`. The pipeline Components bring no executor (a project
+    has one executor, and its own wins); a project that wants this one merges it in its definitions.py
+    (docs/adding-a-pipeline.md)."""
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
         from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
 
-        executor = batch_k8s_executor(pipeline_specs(pipelines))  # every pipeline's, components' too
+        executor = batch_k8s_executor(pipeline_specs(pipelines or dg.Definitions()))  # components' too
         # refused when the code location loads, before any run: the same check every step makes at run time
         check_root_for_executor(os.environ.get("BATCH_STORAGE_ROOT") or DEFAULT_STORAGE_ROOT)
     else:
         executor = local_executor()  # in_process by default; see batch_assets/orchestration/executors.py
-    shared = dg.Definitions(resources={STORAGE_KEY: ArrowStorage()}, executor=executor,
-                            assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
-    return dg.Definitions.merge(shared, pipelines)
+    return dg.Definitions(executor=executor)
+
+
+def component_definitions() -> dg.Definitions:
+    """The built-in pipelines declared as Components (batch_assets/defs/), loaded from the package itself: no
+    pyproject.toml needed, so they load from an installed wheel as from the checkout (dg.load_from_defs_folder
+    looks for the project's config file, which site-packages does not have). The component tree is left out of the
+    result: a user's project that merges these definitions into its own brings its own tree, and Dagster merges one."""
+    with warnings.catch_warnings():  # Dagster's own preview/beta calls inside the loader, as load_from_defs_folder hides
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        loaded = dg.ComponentTree.from_module(defs_module=component_defs_package,
+                                              project_root=Path(__file__).resolve().parents[1]).build_defs()
+    return dg.Definitions(assets=loaded.assets, asset_checks=loaded.asset_checks, jobs=loaded.jobs,
+                          schedules=loaded.schedules, sensors=loaded.sensors, resources=loaded.resources,
+                          executor=loaded.executor, loggers=loaded.loggers, metadata=loaded.metadata)
 
 
 defs = build_definitions(*load_all_specs(), components="BATCH_PIPELINES_DIR" not in os.environ)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.storage import PROJECT_ROOT, ArrowStorage
+from batch_assets.storage import ArrowStorage
 
 # customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
 DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry", "customer_industry_zero_shot"]
@@ -28,13 +28,15 @@ DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry",
 # Lines of dagster's run log worth showing live; the full log goes to a file.
 SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
                    r"Loaded model|Generated sample|rows/s|\bETA\b|accuracy")
+# `make demo` runs in the checkout: its dagster.yaml, and `dg launch` from its pyproject.toml project.
+CHECKOUT = Path(__file__).resolve().parents[1]
 EVENT = re.compile(r"^\S+ \S+ \S+ - dagster - \w+ - (?:\S+ - )?[0-9a-f-]{36} - (?:\d+ - )?(.*)$")
 
 
 def _dagster_home() -> Path:
-    home = Path(os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".dagster_home")
+    home = Path(os.environ.get("DAGSTER_HOME") or CHECKOUT / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copyfile(CHECKOUT / "dagster.yaml", home / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
@@ -47,7 +49,7 @@ def _launch(name: str, keys: list[str], log_dir: Path, step: str) -> float:
     print(f"    $ dg launch --assets group:{name} --partition-range {keys[0]}...{keys[-1]}", flush=True)
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # lines as they happen
         assert proc.stdout is not None
         for line in proc.stdout:

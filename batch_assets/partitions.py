@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
-from batch_assets.storage import filesystem_for, is_remote
+from batch_assets.storage import filesystem_for, is_remote, shown_path
 
 RowFilter = Callable[[pa.RecordBatch], np.ndarray]
 
@@ -48,7 +48,7 @@ def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
             raise PipelineError(
                 "no partition keys: no file matches source.path and partitioning.keys is not set",
                 pipeline=spec.name,
-                file=spec.source.path,
+                file=shown_path(spec.source.path),
                 fix="add files, or list partitioning.keys",
             )
         return dg.StaticPartitionsDefinition(keys)
@@ -70,13 +70,13 @@ def _expand(pattern: str) -> list[str]:
         return []
     except PermissionError as exc:
         raise PipelineError(
-            f"access to the source was refused ({exc})", file=pattern,
+            f"access to the source was refused ({exc})", file=shown_path(pattern),
             fix="check the credentials where the pipeline runs (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
             "AWS_PROFILE or the pod's role) and that they may list and read this bucket",
         ) from None
     except OSError as exc:
         raise PipelineError(
-            f"the source could not be listed: {type(exc).__name__}: {exc}", file=pattern,
+            f"the source could not be listed: {type(exc).__name__}: {exc}", file=shown_path(pattern),
             fix="check that the storage is reachable from where the pipeline runs (for S3: AWS_ENDPOINT_URL, the "
             "network, the bucket name)",
         ) from None
@@ -160,7 +160,7 @@ def _require(files: list[str], spec: PipelineSpec, key: str, pattern: str) -> li
             "the source path does not exist (no file matches it)",
             pipeline=spec.name,
             partition=key,
-            file=pattern,
+            file=shown_path(pattern),
             fix="check source.path in the spec and that the files were uploaded; for s3:// check the bucket "
             "and AWS_ENDPOINT_URL",
         )

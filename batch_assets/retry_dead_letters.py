@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batch_assets.retry_dead_letters", description=__doc__.split("\n")[0])
     parser.add_argument("pipeline")
     parser.add_argument("partition")
-    parser.add_argument("--storage-root", default="", help="default: $BATCH_STORAGE_ROOT, else ./data/storage")
+    parser.add_argument("--storage-root", default="", help="default: $BATCH_STORAGE_ROOT, else data/storage; a "
+                        "relative folder is in the project folder (docs/concepts.md, Relative paths)")
     parser.add_argument("-m", "--module", default="",
                         help="the code location's module (default: the project's [tool.dg.project] in pyproject.toml, "
                         f"else {DEFAULT_MODULE})")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from batch_assets.spec_prepare import ColumnTransform, JoinSpec, TrialSpec, function_problem, join_output_problems
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES
+from batch_assets.storage import is_remote, resolve_local
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
 from batch_assets.resources.protocols import supports
 from batch_assets.resources.registry import PROVIDERS, provider_class
@@ -46,8 +47,10 @@ class _Strict(BaseModel):
 class SourceSpec(_Strict):
     format: Literal[tuple(SOURCES)] = Field(description="File format of every source file.")
     path: str = Field(
-        description="Local path (relative paths resolve against the project folder) or s3://bucket/key. May hold "
-        "a glob (*, **, ?) and the token {partition}, replaced by the partition key."
+        description="Local path or s3://bucket/key. A relative path resolves against the pipeline's project folder: "
+        "$BATCH_PROJECT_ROOT, else the pyproject.toml/dg.toml project at or above the spec file or defs.yaml, else "
+        "the current directory (docs/concepts.md, Relative paths). May hold a glob (*, **, ?) and the token "
+        "{partition}, replaced by the partition key."
     )
     columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error.")
     encoding: str = Field(default="utf-8", description="Text encoding of csv/jsonl files.")
@@ -248,7 +251,7 @@ class SinkSpec(_Strict):
     path: str | None = Field(
         default=None,
         description="Folder or s3:// prefix for outputs (default: <storage root>/<pipeline>/output); for lancedb "
-        "the database folder or s3:// URI.",
+        "the database folder or s3:// URI. A relative folder resolves as source.path does.",
     )
     format: Literal[tuple(SINKS)] = Field(
         default="parquet",
@@ -798,7 +801,19 @@ def load_spec(path: str | Path) -> PipelineSpec:
         raise SpecError(f"pipeline spec {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"pipeline spec {path} must be a mapping with name, source, partitioning, task, model")
-    return parse_spec(data, origin=str(path))
+    return anchor_local_paths(parse_spec(data, origin=str(path)), path)
+
+
+def anchor_local_paths(spec: PipelineSpec, origin: str | Path) -> PipelineSpec:
+    """The spec's relative local paths (source.path, sink.path) made absolute against the project its file belongs
+    to (storage.project_root(origin): the pyproject.toml/dg.toml project at or above the spec file or defs.yaml).
+    Resolved once, at load: whoever runs the pipeline later (a step process, a sensor, the CLI, from any cwd) reads
+    and writes the same files, and every error names them in full."""
+    if spec.source.path and not is_remote(spec.source.path):
+        spec.source.path = resolve_local(spec.source.path, origin)
+    if spec.sink.path and not is_remote(spec.sink.path):
+        spec.sink.path = resolve_local(spec.sink.path, origin)
+    return spec
 
 
 def load_specs(folder: str | Path) -> list[PipelineSpec]:

@@ -24,6 +24,13 @@ tests/test_spec_reference.py fails when this page and the code disagree. -->
 Every field a pipeline spec (a YAML file in `batch_assets/pipelines/`, or a component's `attributes`) can hold, with
 its type, default and meaning. Unknown fields are refused at load, naming the field. Concepts and examples:
 [concepts.md](concepts.md); a walk-through: [adding-a-pipeline.md](adding-a-pipeline.md).
+
+**Relative paths** (`source.path`, `sink.path`, the storage root) resolve against one folder: `$BATCH_PROJECT_ROOT`
+when set, else the Dagster project the spec belongs to (the nearest folder at or above the spec file or the
+Component's `defs.yaml` holding a `pyproject.toml` or `dg.toml`; for the storage root, the one at or above the
+current directory), else the current directory; never a folder inside `site-packages`
+([concepts.md](concepts.md#relative-paths-which-folder)). A Component's attributes may use Dagster's templating in
+text fields: `{{ env.NAME }}`, `{{ project_root }}` ([adding-a-pipeline.md](adding-a-pipeline.md#in-your-own-dagster-project)).
 """
 
 _BOUNDS = (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<"),

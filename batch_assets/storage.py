@@ -10,6 +10,7 @@ Re-materializing a partition therefore replaces it exactly: readers see the old 
 
 from __future__ import annotations
 
+import functools
 import os
 import urllib.parse
 import uuid
@@ -27,7 +28,6 @@ from pydantic import Field
 
 from batch_assets.errors import PipelineError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STORAGE_ROOT = "data/storage"
 S3_BLOCK_SIZE = 16 * 2**20  # multipart part size: the most an S3 upload buffers in memory
 
@@ -56,11 +56,67 @@ def check_root_for_executor(root: str) -> None:
     )
 
 
-def resolve_local(path: str) -> str:
-    """Relative local paths are resolved against the project folder, so a spec means the same from any cwd."""
+PROJECT_ROOT_ENV = "BATCH_PROJECT_ROOT"
+PROJECT_FILES = ("dg.toml", "pyproject.toml")  # what makes a folder a Dagster (dg) or Python project
+
+
+def _installed(folder: Path) -> bool:
+    """Inside an installed package's tree: a project is never there, whatever pyproject.toml a wheel carries."""
+    return any(part in ("site-packages", "dist-packages") for part in folder.parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _project_at_or_above(folder: Path) -> Path | None:
+    # cached: filesystem_for asks for every relative path, and a project's files do not come and go during a run
+    for candidate in (folder, *folder.parents):
+        if _installed(candidate):
+            return None
+        if any((candidate / name).is_file() for name in PROJECT_FILES):
+            return candidate
+    return None
+
+
+def project_root(start: str | Path | None = None) -> Path:
+    """The one folder relative local paths resolve against (sources, sinks, the storage root, sample data, dead
+    letters, caches: every local path the product reads or writes):
+
+    1. $BATCH_PROJECT_ROOT, when set;
+    2. the Dagster (dg) project the pipeline belongs to: the nearest folder at or above `start` (the spec file or the
+       Component's defs.yaml) that holds a pyproject.toml or dg.toml. With no `start` (the storage root, shared by
+       every pipeline), the project at or above the current directory, where `dg` and `dagster` run;
+    3. else the current directory.
+
+    Never a folder inside site-packages: an installed copy of this package (whose built-in pipelines' files are
+    there) resolves against the user's project, so nothing is ever written into the virtualenv."""
+    env = os.environ.get(PROJECT_ROOT_ENV, "").strip()
+    if env:
+        return Path(env).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    if start is not None:
+        found = _project_at_or_above(Path(start).expanduser().resolve())
+        if found is not None:
+            return found
+    found = _project_at_or_above(cwd)
+    if found is None and _installed(cwd):
+        raise PipelineError(
+            "relative paths would resolve inside an installed package: the current directory is in site-packages "
+            "and no project was found", file=str(cwd),
+            fix=f"run from your project's folder, or set {PROJECT_ROOT_ENV} to the folder relative paths should "
+            "resolve against")
+    return found or cwd
+
+
+def resolve_local(path: str, start: str | Path | None = None) -> str:
+    """A local path made absolute: relative ones against `project_root(start)`, so a spec means the same from any
+    cwd and an installed package never writes into site-packages."""
     path = path.removeprefix("file://")
     p = Path(path).expanduser()
-    return str(p if p.is_absolute() else PROJECT_ROOT / p)
+    return str(p if p.is_absolute() else project_root(start) / p)
+
+
+def shown_path(url: str) -> str:
+    """What an error names: the absolute path a relative local path resolved to, or the URL as given."""
+    return url if is_remote(url) else resolve_local(url)
 
 
 def s3_options_from_env() -> dict[str, Any]:
@@ -269,7 +325,9 @@ class ArrowStorage(dg.ConfigurableResource):
 
     root: str = Field(
         default="",
-        description=f"Local folder or s3://bucket/prefix. Empty: $BATCH_STORAGE_ROOT, else ./{DEFAULT_STORAGE_ROOT}.",
+        description=f"Local folder or s3://bucket/prefix. Empty: $BATCH_STORAGE_ROOT, else {DEFAULT_STORAGE_ROOT} in "
+        "the project folder ($BATCH_PROJECT_ROOT, else the project at or above the current directory). A relative "
+        "folder resolves against the project folder too.",
     )
 
     def resolved_root(self) -> str:
@@ -282,6 +340,11 @@ class ArrowStorage(dg.ConfigurableResource):
 
     def default_sink(self, pipeline: str) -> str:
         return join(self.resolved_root(), pipeline, "output")
+
+
+# The storage resource every pipeline's assets require, as one object: each pipeline Component and the product's own
+# definitions.py bring it, and Definitions.merge accepts a resource key twice only when both hold the same object.
+DEFAULT_STORAGE = ArrowStorage()
 
 
 def upstream_url(storage: ArrowStorage, pipeline: str, stage: str, partition: str) -> str:

@@ -34,7 +34,7 @@ from batch_assets.spec import (
     replica_providers,
     replicas_problem,
 )
-from batch_assets.storage import filesystem_for, parquet_rows
+from batch_assets.storage import filesystem_for, parquet_rows, shown_path
 from batch_assets.resources.registry import provider_class
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -163,7 +163,7 @@ def resources_for_key(spec: PipelineSpec, key: str, sizes: PartitionSizes | None
         except OSError as exc:
             raise PipelineError(
                 f"could not size the partition for runtime.resources.by_size: {exc}",
-                pipeline=spec.name, partition=key, file=spec.source.path.replace(PARTITION_TOKEN, key),
+                pipeline=spec.name, partition=key, file=shown_path(spec.source.path.replace(PARTITION_TOKEN, key)),
                 fix="check the source files are readable by the run worker, or use partitions overrides",
             ) from exc
     override = policy.partitions.get(key)

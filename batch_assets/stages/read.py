@@ -32,7 +32,7 @@ from batch_assets.spec import PipelineSpec
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
 from batch_assets.stages.sources.types import READ_ERROR_COLUMN, conform, target_schema
-from batch_assets.storage import ArrowStorage, filesystem_for, write_parquet
+from batch_assets.storage import ArrowStorage, filesystem_for, shown_path, write_parquet
 
 # `_row_hash` is the row id's stable 64-bit hash (the one hash shards are assigned by), computed once here and
 # carried: shard routing and the infer step's rows check read it instead of hashing the id again.
@@ -271,7 +271,7 @@ def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] 
                 if batch.num_rows:
                     yield batch
         except PipelineError as exc:
-            raise exc.located(pipeline=spec.name, partition=part.key, file=url) from None
+            raise exc.located(pipeline=spec.name, partition=part.key, file=shown_path(url)) from None
 
 
 def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:

@@ -23,6 +23,7 @@ from batch_assets.storage import (
     parquet_schema,
     read_batches,
     resolve_local,
+    shown_path,
     upstream_url,
 )
 
@@ -147,7 +148,7 @@ def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], 
         if transient_failure(exc) is not False:
             raise
         raise PipelineError(
-            f"the {spec.sink.format} sink refused the partition's rows: {_first_line(exc)}", file=url,
+            f"the {spec.sink.format} sink refused the partition's rows: {_first_line(exc)}", file=shown_path(url),
             fix="this error does not go away on a retry, so the step was not retried: check that the output "
             "columns match what the sink already holds (sink.columns, the table's schema), or write to a new "
             "table or path; docs/troubleshooting.md has the known cases",
