@@ -29,6 +29,7 @@ import dagster as dg
 from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import DEFAULT_STORAGE_ROOT, ArrowStorage, check_root_for_executor
 
@@ -135,7 +136,10 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
         names.append(name if name not in names else f"{name}_{len(names)}")
     pipelines = dg.Definitions.merge(*per_pipeline) if per_pipeline else dg.Definitions()
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
-        from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
+        try:
+            from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
+        except ImportError as exc:
+            raise MissingExtraError("dagster-k8s", "k8s", "BATCH_EXECUTOR=k8s (one Kubernetes Job per step)") from exc
 
         executor = batch_k8s_executor(pipeline_specs(pipelines))  # every pipeline's, components' too
         # refused when the code location loads, before any run: the same check every step makes at run time

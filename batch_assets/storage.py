@@ -26,6 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import Field
 
 from batch_assets.errors import PipelineError
+from batch_assets.resources.errors import MissingExtraError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STORAGE_ROOT = "data/storage"
@@ -125,7 +126,10 @@ def _s3_filesystem(s3fs) -> fsspec.AbstractFileSystem:
 def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path within it) for a local path or an s3:// URL."""
     if url.startswith("s3://"):
-        import s3fs
+        try:
+            import s3fs
+        except ImportError as exc:
+            raise MissingExtraError("s3fs", "s3", f"the s3:// path {url}") from exc
 
         return _s3_filesystem(s3fs), url.removeprefix("s3://")
     if is_remote(url):
