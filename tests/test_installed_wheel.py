@@ -126,8 +126,9 @@ def page_env(tmp: Path) -> dict[str, str]:
         env.pop(key, None)
     find_links = env.get("UV_FIND_LINKS") or env.get("PIP_FIND_LINKS") or subprocess.run(
         [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True).stdout.strip()
-    env.update(PATH=path, UV_CONSTRAINT=str(ROOT / "constraints.txt"), UV_PYTHON_DOWNLOADS="never",
-               UV_PYTHON=sys._base_executable)  # type: ignore[attr-defined]
+    # UV_PYTHON stays unset (popped above): set, it would make `uv pip install` target that interpreter instead of
+    # the virtualenv the page activates
+    env.update(PATH=path, UV_CONSTRAINT=str(ROOT / "constraints.txt"), UV_PYTHON_DOWNLOADS="never")
     if find_links:
         env["UV_FIND_LINKS"] = find_links
     return env
