@@ -70,6 +70,13 @@ def file_blocks() -> dict[str, str]:
     return files
 
 
+# The page's shell blocks, each named by a command only it has, in page order: the fixture runs all but the last,
+# the automation test the last. test_the_wheel_installs_into_a_create_dagster_project checks that these are all
+# the page's blocks (tests/test_docs_commands.py relies on it: PAGES_RUN_WHOLE).
+STEPS = ("create-dagster project", "uv venv", "python -m batch_assets.instance", "dg list components",
+         "dg scaffold defs", "dg check defs")
+
+
 def step_with(command: str) -> list[str]:
     matches = [step for step in shell_steps() if any(command in line for line in step)]
     assert len(matches) == 1, f"the page has {len(matches)} shell blocks with {command!r}"
@@ -199,6 +206,8 @@ def test_the_wheel_installs_into_a_create_dagster_project(installed: Installed) 
     assert (shell.project / ".dagster_home" / "dagster.yaml").read_bytes() == (ROOT / "dagster.yaml").read_bytes()
     # dg finds the Component through the package's entry point, and scaffolds it in the user's defs folder
     assert COMPONENT_KEY in installed.component_list, installed.component_list[-3000:]
+    # every shell block of the page is one of the steps this module runs, in order
+    assert [step_with(name) for name in STEPS] == shell_steps()
     scaffolded = shell.project / "src" / PROJECT / "defs" / PIPELINE / "defs.yaml"
     assert f"type: {COMPONENT_KEY}" in scaffolded.read_text()
 
@@ -217,7 +226,9 @@ from pathlib import Path
 import dagster as dg
 from dagster._serdes import deserialize_value, serialize_value
 
-defs = dg.load_from_defs_folder(path_within_project=Path("src/{project}").resolve())
+import {project}.definitions as code_location  # the project's own definitions, as `dg` loads them
+
+defs = code_location.defs if isinstance(code_location.defs, dg.Definitions) else code_location.defs()
 instance = dg.DagsterInstance.get()
 out = {{"requests": []}}
 if {evaluate}:
@@ -225,8 +236,9 @@ if {evaluate}:
     cursor = deserialize_value(cursor_file.read_text()) if cursor_file.exists() else None
     result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
     cursor_file.write_text(serialize_value(result.cursor))
-    out["requests"] = [{{"keys": sorted(k.to_user_string() for k in (r.asset_selection or [])),
-                         "partition": r.partition_key}} for r in result.run_requests]
+    keys = [k for k in defs.resolve_asset_graph().get_all_asset_keys() if k.path[0] == "{pipeline}"]
+    out["requests"] = [{{"key": k.to_user_string(), "partition": p}}
+                       for k in keys for p in sorted(result.get_requested_partitions(k))]
 records = instance.fetch_materializations(dg.AssetKey(["{pipeline}", "inferred"]), limit=100).records
 out["inferred"] = [{{"partition": r.partition_key, "metadata": sorted(r.asset_materialization.metadata)}}
                    for r in records]
@@ -236,8 +248,7 @@ print("STATE" + json.dumps(out))
 
 def _launch_requested(shell: Shell, state: dict, partition: str) -> list[str]:
     """Launch, through the CLI, the product's assets the automation asked for on `partition` (the daemon's job)."""
-    keys = sorted({k for r in state["requests"] if r["partition"] == partition for k in r["keys"]
-                   if k.startswith(f"{PIPELINE}/")})
+    keys = sorted({r["key"] for r in state["requests"] if r["partition"] == partition})
     if keys:
         shell.run([f"dg launch --assets {','.join(keys)} --partition {partition}"])
     return keys
@@ -266,7 +277,7 @@ def test_the_page_materializes_a_day_and_automation_follows_the_upstream_asset(i
     # the asset graph: the user's asset is upstream of the product's first asset
     listed = json.loads(shell.run(["dg list defs --json"], stdout_only=True))
     assets = {a["asset_key"]: a for a in listed["assets"]}
-    assert "raw_app_reviews" in assets[f"{PIPELINE}/raw"]["deps"], assets[f"{PIPELINE}/raw"]
+    assert "raw_app_reviews" in assets[f"{PIPELINE}/raw"]["dependency_keys"], assets[f"{PIPELINE}/raw"]
 
     # automation: materializing the user's asset makes the product's assets run for that day ...
     cursor = shell.home / "automation-cursor"
