@@ -287,15 +287,17 @@ def test_the_page_materializes_a_day_and_automation_follows_the_upstream_asset(i
     assert _launch_requested(shell, state, NEXT_DAY), f"nothing requested after raw_app_reviews {NEXT_DAY}: {state}"
     next_output = shell.project / "data" / "storage" / PIPELINE / "output" / f"{NEXT_DAY}.parquet"
     assert pq.read_table(next_output).num_rows == 24
-    made = [r for r in _state(shell, cursor, evaluate=False)["inferred"] if r["partition"] == NEXT_DAY]
-    assert made and "skipped" not in made[0]["metadata"]  # inferred for real, once
 
     # ... and materializing it again with byte-identical output pays nothing: no run, or a run whose stages skip
     before = source.with_name(f"{NEXT_DAY}.jsonl").read_bytes()
     shell.run([f"dg launch --assets raw_app_reviews --partition {NEXT_DAY}"])
     assert source.with_name(f"{NEXT_DAY}.jsonl").read_bytes() == before
-    _launch_requested(shell, _state(shell, cursor, evaluate=True), NEXT_DAY)
-    again = [r for r in _state(shell, cursor, evaluate=False)["inferred"] if r["partition"] == NEXT_DAY]
+    state = _state(shell, cursor, evaluate=True)
+    made = [r for r in state["inferred"] if r["partition"] == NEXT_DAY]
+    assert len(made) == 1 and "skipped" not in made[0]["metadata"], made  # the automation's run inferred, once
+    if _launch_requested(shell, state, NEXT_DAY):
+        state = _state(shell, cursor, evaluate=False)
+    again = [r for r in state["inferred"] if r["partition"] == NEXT_DAY]
     paid = [r for r in again if "skipped" not in r["metadata"]]
     assert len(paid) == 1, f"the identical day was inferred {len(paid)} times: {again}"
     assert listing(shell.site_packages()) == installed.listing_before_runs
