@@ -199,8 +199,14 @@ def test_the_wheel_installs_into_a_create_dagster_project(installed: Installed) 
     versions = {p["name"].lower(): p["version"] for p in json.loads(created)}
     assert versions["torch"].endswith("+cpu"), versions["torch"]  # the CPU build, kept by the constraint
     site = shell.site_packages()
-    # one import name: nothing that collides with a user's `resources` or `examples_models` module
+    # one import name: nothing that collides with a user's `resources` or `examples_models` module; what the wheel put
+    # into site-packages (its RECORD) is the package and its metadata, built-in pipeline specs included
     assert not (site / "resources").exists() and not (site / "examples_models").exists()
+    record = next(site.glob("batch_assets-*.dist-info")) / "RECORD"
+    tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines() if line}
+    assert {t for t in tops if not t.startswith("batch_assets-")} == {"batch_assets"}, tops
+    assert (site / "batch_assets" / "pipelines" / "document_embeddings.yaml").is_file()
+    assert (site / "batch_assets" / "resources" / "registry.py").is_file()
     # the instance config ships in the wheel, and the page's command put it into DAGSTER_HOME unchanged
     assert (site / "batch_assets" / "dagster.yaml").read_bytes() == (ROOT / "dagster.yaml").read_bytes()
     assert (shell.project / ".dagster_home" / "dagster.yaml").read_bytes() == (ROOT / "dagster.yaml").read_bytes()
