@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import user_env
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # five CLI processes, each importing Dagster
 
 
 def _instance(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
