@@ -146,8 +146,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     given = os.environ.get("BATCH_WHEEL")
     if given:
         return Path(given).resolve()
+    # built from a copy of what the package is made of: setuptools writes build/ and *.egg-info into the source tree,
+    # and the suite never writes under the checkout
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "dagster.yaml"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("batch_assets", "resources"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([str(UV), "build", "--wheel", "-o", str(out), str(ROOT)], capture_output=True, text=True,
+    proc = subprocess.run([str(UV), "build", "--wheel", "-o", str(out), str(source)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return next(out.glob("batch_assets-*.whl"))
