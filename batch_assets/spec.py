@@ -274,7 +274,11 @@ class Toleration(_Strict):
 
 def parse_quantity(value: str | int, field_name: str) -> Decimal:
     """A Kubernetes quantity ('500m', '16Gi', '2') as a number, with the kubernetes client's own parser."""
-    from kubernetes.utils.quantity import parse_quantity as k8s_parse  # the kubernetes client: slow to import
+    try:
+        from kubernetes.utils.quantity import parse_quantity as k8s_parse  # the kubernetes client: slow to import
+    except ImportError:  # runtime.resources sizes Kubernetes Jobs: the k8s extra brings the client
+        raise ValueError(f"{field_name} {value!r}: reading Kubernetes quantities needs the 'kubernetes' package, "
+                         'which is not installed. Install it with: pip install "batch-assets[k8s]"') from None
 
     try:
         return k8s_parse(value)

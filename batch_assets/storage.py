@@ -27,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import Field
 
 from batch_assets.errors import PipelineError
+from batch_assets.resources.errors import MissingExtraError
 
 DEFAULT_STORAGE_ROOT = "data/storage"
 S3_BLOCK_SIZE = 16 * 2**20  # multipart part size: the most an S3 upload buffers in memory
@@ -181,7 +182,10 @@ def _s3_filesystem(s3fs) -> fsspec.AbstractFileSystem:
 def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path within it) for a local path or an s3:// URL."""
     if url.startswith("s3://"):
-        import s3fs
+        try:
+            import s3fs
+        except ImportError as exc:
+            raise MissingExtraError("s3fs", "s3", f"the s3:// path {url}") from exc
 
         return _s3_filesystem(s3fs), url.removeprefix("s3://")
     if is_remote(url):

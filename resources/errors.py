@@ -2,12 +2,14 @@
 
 
 class MissingExtraError(ImportError):
-    """An optional backend's package is not installed; the message names the extra to install."""
+    """An optional backend's package is not installed; the message names the extra to install (pyproject.toml's
+    optional-dependencies). `extra=None`: a core dependency, missing only from a broken environment."""
 
-    def __init__(self, package: str, extra: str, purpose: str):
+    def __init__(self, package: str, extra: str | None, purpose: str):
+        target = f"batch-assets[{extra}]" if extra else "batch-assets"
         super().__init__(
             f"{purpose} needs the '{package}' package, which is not installed. "
-            f"Install it with: pip install 'batch-assets[{extra}]'"
+            f'Install it with: pip install "{target}"'
         )
         self.package = package
         self.extra = extra

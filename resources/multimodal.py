@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batch_assets.resources.errors import MissingExtraError
+
 DEFAULT_MAX_SIDE = 768
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # a bigger "image" is almost certainly the wrong object
 ImageRef = bytes | bytearray | memoryview | str | os.PathLike
@@ -90,7 +92,7 @@ def s3_filesystem(storage_options: dict[str, Any] | None = None) -> Any:
     try:
         import s3fs
     except ImportError as exc:
-        raise ImportError("s3:// images need the 's3fs' package: pip install s3fs") from exc
+        raise MissingExtraError("s3fs", "s3", "reading s3:// images") from exc
     options = dict(storage_options or {})
     client_kwargs = dict(options.get("client_kwargs") or {})
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")

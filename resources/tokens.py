@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
 from batch_assets.resources.protocols import GenerationParams
 
@@ -19,8 +20,10 @@ _NO_LIMIT = 10**7
 def load_tokenizer(name: str) -> Any:
     """A Hugging Face tokenizer by the names model configs use: the two shipped model aliases, a local folder, or
     a Hub id available offline."""
-    from transformers import AutoTokenizer
-
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:  # an API-only install counts tokens only when a spec asks for a limit
+        raise MissingExtraError("transformers", "local", f"the tokenizer {name!r} (a token limit on the input)") from exc
     if name == MINILM:
         return AutoTokenizer.from_pretrained(minilm_path())
     if name == SMOLLM2:

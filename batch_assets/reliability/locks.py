@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from batch_assets.resources.errors import MissingExtraError
 from batch_assets.storage import (credentials_refused, filesystem_for, is_remote, join, partition_file_name,
                                   s3_options_from_env, storage_access_refused)
 
@@ -86,7 +87,10 @@ def _local_flock(path: str, say: Callable[[str], None]) -> Iterator[None]:
 
 
 def _s3_client():
-    import boto3
+    try:
+        import boto3
+    except ImportError as exc:
+        raise MissingExtraError("boto3", "s3", "locking a partition on S3") from exc
 
     # a session of its own: boto3's default session keeps the first credentials it resolved for the process's
     # life, so a changed AWS_ACCESS_KEY_ID (fixed key, new code server environment, tests) would be ignored

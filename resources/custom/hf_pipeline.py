@@ -50,7 +50,7 @@ class HFPipelineProvider(ModelResource):
         try:
             from transformers import pipeline
         except ImportError as exc:
-            raise MissingExtraError("transformers", "dev", "the transformers pipeline provider") from exc
+            raise MissingExtraError("transformers", "local", "the transformers pipeline provider") from exc
         folder = Path(self.model).expanduser()
         save_hint = (
             "point `model` at a folder written by model.save_pretrained(...) and tokenizer.save_pretrained(...) "

@@ -86,7 +86,7 @@ class SentenceTransformerEmbedder(ModelResource):
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
-            raise MissingExtraError("sentence-transformers", "dev", "the sentence-transformers embedder") from exc
+            raise MissingExtraError("sentence-transformers", "local", "the sentence-transformers embedder") from exc
         path = minilm_path() if self.model == MINILM else self.model
         # With a pool, this process's copy stays on the CPU (the pool moves it there anyway and sends each worker
         # its own copy for its device): no CUDA context in the parent.

@@ -57,7 +57,7 @@ class TransformersGenerator(ModelResource):
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:
-            raise MissingExtraError("transformers", "dev", "the transformers generator") from exc
+            raise MissingExtraError("transformers", "local", "the transformers generator") from exc
         if self.model == SMOLLM2:
             folder, gguf = smollm2_location()
         else:

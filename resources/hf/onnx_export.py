@@ -10,8 +10,10 @@ truncation at the model's max length) and `manifest.json`: the graph's inputs, t
 the sha256 of the graph, and the fidelity of each runtime, min cosine against torch's vectors over `PROBE_TEXTS`.
 - Key: the model (its name, its folder, and every file's name, size and mtime: the revision) and the versions of
   torch, transformers, sentence-transformers, onnx, onnxruntime and openvino. Any change exports again.
-- Where: `$BATCH_ONNX_CACHE` if set, else `<model folder>/.onnx-cache/` if writable, else
-  `~/.cache/batch-assets/onnx/`.
+- Where: `$BATCH_ONNX_CACHE` if set, else `<model folder>/.onnx-cache/` if the folder is writable and not inside an
+  installed package, else `$XDG_CACHE_HOME/batch-assets/onnx/` (`~/.cache/...`). The shipped MiniLM lives in
+  site-packages: a run never writes into a virtualenv's packages, which belong to the installer (a reinstall or
+  `pip uninstall` would leave or lose the cache; a read-only image would differ from a writable venv).
 - Written atomically, once across processes (resources/hf/cache_folder.py, shared with the GGUF cache): exported into
   a temporary folder and renamed into place, under a file lock, so two processes exporting at once leave one complete
   folder (the second one waits and reuses it). A folder whose manifest does not parse or whose graph's sha256 differs
@@ -86,9 +88,10 @@ def revision(folder: Path) -> str:
 def cache_root(folder: Path) -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    if os.access(folder, os.W_OK):
+    installed = any(part in ("site-packages", "dist-packages") for part in folder.resolve().parts)
+    if os.access(folder, os.W_OK) and not installed:
         return folder / ".onnx-cache"
-    return Path.home() / ".cache" / "batch-assets" / "onnx"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batch-assets" / "onnx"
 
 
 def cache_key(name: str, folder: Path) -> str:

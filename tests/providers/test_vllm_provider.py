@@ -175,7 +175,7 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     provider = VLLMEngineProvider(model="Qwen/Qwen2.5-0.5B-Instruct")
     with pytest.raises(MissingExtraError) as info:
         provider.load_for_tests()
-    assert "pip install 'batch-assets[vllm]'" in str(info.value)
+    assert 'pip install "batch-assets[vllm]"' in str(info.value)
     assert info.value.extra == "vllm"
 
 

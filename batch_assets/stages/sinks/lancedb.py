@@ -65,9 +65,9 @@ def storage_options(database: str) -> dict[str, str]:
 def connect(database: str) -> Any:
     try:
         import lancedb
-    except ImportError as exc:  # declared in pyproject; only a broken environment lacks it
-        raise PipelineError("the lancedb sink needs the `lancedb` package",
-                            fix="run `make install` (or pip install lancedb)") from exc
+    except ImportError as exc:  # the `lancedb` extra
+        raise PipelineError("the lancedb sink needs the `lancedb` package, which is not installed",
+                            fix='pip install "batch-assets[lancedb]"') from exc
     if "://" not in database:
         os.makedirs(database, exist_ok=True)
     return lancedb.connect(database, storage_options=storage_options(database) or None)

