@@ -76,8 +76,40 @@ class SourceSpec(_Strict):
     )
 
 
+class PartitionDimensionSpec(_Strict):
+    """One dimension of `kind: multi` partitioning (two of them: a day or a set of keys, crossed with keys)."""
+
+    name: str = Field(description="multi: the dimension's name, an identifier (e.g. date, app); {name} in "
+                      "source.path is replaced by this dimension's key.")
+    kind: Literal["daily", "static", "dynamic"] = Field(
+        description="multi: daily (one key per day, YYYY-MM-DD), static (the keys listed) or dynamic (keys added "
+        "at run time: the UI, a sensor, `add_partitions`).")
+    keys: list[str] | None = Field(default=None, description="multi, static dimension: its keys.")
+    start_date: str | None = Field(default=None, description="multi, daily dimension: first day, YYYY-MM-DD.")
+    end_date: str | None = Field(default=None, description="multi, daily dimension: day after the last one.")
+    timezone: str = Field(default="UTC", description="multi, daily dimension: timezone of the day boundaries.")
+
+
 class PartitioningSpec(_Strict):
-    kind: Literal["static", "hash", "daily", "dynamic"]
+    kind: Literal["static", "hash", "daily", "dynamic", "multi"] = Field(
+        description="static, hash, daily, dynamic, or multi: two dimensions crossed (e.g. day x app), each "
+        "partition key being the two dimension keys joined by '|' in the order of the dimension NAMES "
+        "(app and date: 'android|2026-11-01'). See docs/concepts.md, 'Two-dimensional partitions'.")
+    dimensions: list[PartitionDimensionSpec] | None = Field(
+        default=None,
+        description="multi: exactly two dimensions; at most one daily; static and dynamic keys must not hold "
+        "'|', ',', '[' or ']'. source.path names each dimension as {<name>} (e.g. "
+        "data/reviews/{date}/{app}.jsonl).",
+    )
+
+    def time_dimension(self) -> PartitionDimensionSpec | None:
+        """multi: the daily dimension, if there is one (a schedule ticks over it)."""
+        return next((d for d in self.dimensions or [] if d.kind == "daily"), None) if self.kind == "multi" else None
+
+    def day_timezone(self) -> str:
+        """The timezone of the day boundaries: daily's, or a multi partitioning's daily dimension's."""
+        dim = self.time_dimension()
+        return dim.timezone if dim is not None else self.timezone
     keys: list[str] | None = Field(
         default=None,
         description="static: the partition keys, each substituted for {partition} in source.path. When omitted, "
@@ -601,6 +633,7 @@ class PipelineSpec(_Strict):
             problems.append(("source.path", f"static keys are substituted for {PARTITION_TOKEN}: add it to the path"))
         if part.kind == "hash" and PARTITION_TOKEN in self.source.path:
             problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
+        problems += multi_partition_problems(self)
 
         secret_literals = literal_secrets(self.model.config)
         if secret_literals:
@@ -728,12 +761,13 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     part = spec.partitioning
     if spec.schedule is not None:
-        if part.kind != "daily":
-            problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily partitioning"))
+        if part.kind != "daily" and not (part.kind == "multi" and part.time_dimension() is not None):
+            problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily "
+                             "partitioning, or multi partitioning with a daily dimension"))
         if not is_valid_cron_string(spec.schedule.cron):
             problems.append(("schedule.cron", f"{spec.schedule.cron!r} is not a cron string like '30 1 * * *'"))
         try:
-            ZoneInfo(spec.schedule.timezone or part.timezone)
+            ZoneInfo(spec.schedule.timezone or part.day_timezone())
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(("schedule.timezone", f"unknown timezone {spec.schedule.timezone!r}"))
     if spec.sensor is not None:
@@ -743,6 +777,12 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "can change any day. Use `schedule:` instead (the newest complete day, once it has "
                              "ended), or write one file per day and put {partition} in source.path (time_column "
                              "then checks each row's day, see partitioning.day_check)"))
+        elif part.kind == "multi":
+            missing = [d.name for d in part.dimensions or [] if "{" + d.name + "}" not in spec.source.path]
+            if missing:
+                problems.append(("sensor", "a sensor maps each new file to a partition through each dimension's "
+                                 "placeholder in source.path; put " + " and ".join("{" + m + "}" for m in missing)
+                                 + " in it (e.g. data/reviews/{date}/{app}.jsonl)"))
         elif part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
             problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
                              "source.path; this pipeline has no per-file partitions"))
@@ -762,7 +802,7 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
             elif not is_valid_cron_string(auto.cron):
                 problems.append(("automation.cron", f"{auto.cron!r} is not a cron string like '0 2 * * *'"))
             try:
-                ZoneInfo(auto.timezone or part.timezone)
+                ZoneInfo(auto.timezone or part.day_timezone())
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
         elif part.kind == "hash" or (part.kind == "static" and part.keys):
@@ -772,6 +812,76 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "never launch anything. Use a backfill for the partitions there are, or on_cron"))
         if auto.condition == "on_missing" and (auto.cron or auto.timezone):
             problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
+    return problems
+
+
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Dagster joins a multi-partition key's dimension keys with '|' and lists keys with ',' and '[...]' (dagster's
+# INVALID_STATIC_PARTITIONS_KEY_CHARACTERS): a key holding one would be split wrongly, or silently dropped.
+MULTI_KEY_FORBIDDEN = ("|", ",", "[", "]")
+
+
+def multi_partition_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    """`partitioning.kind: multi`: two dimensions Dagster's MultiPartitionsDefinition accepts, each reachable from
+    source.path. Checked here, at load, because Dagster's own errors come later (at a run) or never: a dynamic key
+    with '|' is silently left out of the partitions."""
+    part = spec.partitioning
+    if part.kind != "multi":
+        if part.dimensions is not None:
+            return [("partitioning.dimensions", f"dimensions are for kind: multi, not {part.kind!r}")]
+        return []
+    problems: list[tuple[str, str]] = []
+    for field in ("keys", "count", "start_date", "end_date", "time_column"):
+        if getattr(part, field) is not None:
+            problems.append((f"partitioning.{field}", f"kind: multi sets {field} on its dimension "
+                             "(partitioning.dimensions), not on partitioning"))
+    dims = part.dimensions or []
+    if len(dims) != 2:
+        return problems + [("partitioning.dimensions", f"kind: multi needs exactly two dimensions (Dagster's "
+                            f"MultiPartitionsDefinition), e.g. a daily `date` and a static `app`; got {len(dims)}")]
+    names = [d.name for d in dims]
+    for i, dim in enumerate(dims):
+        where = f"partitioning.dimensions.{i}"
+        if not dim.name.isidentifier() or dim.name == "partition":
+            problems.append((f"{where}.name", f"{dim.name!r} must be an identifier (letters, digits, _) other than "
+                             "'partition': it is the {" + dim.name + "} placeholder of source.path"))
+        if dim.kind == "daily" and not dim.start_date:
+            problems.append((f"{where}.start_date", "a daily dimension needs start_date (YYYY-MM-DD)"))
+        if dim.kind != "daily" and (dim.start_date or dim.end_date):
+            problems.append((f"{where}.start_date", f"start_date / end_date are for a daily dimension, not {dim.kind}"))
+        if dim.kind == "static" and not dim.keys:
+            problems.append((f"{where}.keys", "a static dimension lists its keys"))
+        if dim.kind != "static" and dim.keys is not None:
+            problems.append((f"{where}.keys", f"keys are listed for a static dimension; a {dim.kind} dimension's "
+                             "keys " + ("are days" if dim.kind == "daily" else "are added at run time")))
+        for key in dim.keys or []:
+            bad = [c for c in MULTI_KEY_FORBIDDEN if c in key]
+            if bad or not key:
+                problems.append((f"{where}.keys", f"key {key!r} " + (f"holds {' '.join(bad)}, which Dagster uses "
+                                 "to join and list multi-partition keys: rename it" if bad else "is empty")))
+        if dim.keys and len(set(dim.keys)) != len(dim.keys):
+            problems.append((f"{where}.keys", "a key is listed twice"))
+    if names[0] == names[1]:
+        problems.append(("partitioning.dimensions", f"the two dimensions are both named {names[0]!r}"))
+    if sum(d.kind == "daily" for d in dims) > 1:
+        problems.append(("partitioning.dimensions", "at most one daily dimension: a day crossed with a day is not a "
+                         "key of its own; cross the day with a static or dynamic dimension"))
+    if sum(d.kind == "dynamic" for d in dims) > 1:
+        problems.append(("partitioning.dimensions", "at most one dynamic dimension: a sensor could not tell which "
+                         "of two new keys is which"))
+    used = set(PLACEHOLDER_RE.findall(spec.source.path))
+    unknown = sorted(used - set(names) - {"partition"})
+    if unknown:
+        problems.append(("source.path", f"placeholder(s) {', '.join('{' + u + '}' for u in unknown)} name no "
+                         f"dimension (dimensions: {', '.join(names)}; {PARTITION_TOKEN} is the whole key)"))
+    if "partition" not in used and not set(names) <= used:
+        missing = [n for n in names if n not in used]
+        problems.append(("source.path", "multi partitioning reads each partition's own files: put "
+                         f"{' and '.join('{' + m + '}' for m in missing)} in the path (e.g. "
+                         "data/reviews/{date}/{app}.jsonl)"))
+    if spec.source.sample is not None:
+        problems.append(("source.sample", "sample data is not generated for multi partitioning: point source.path "
+                         "at your files"))
     return problems
 
 
