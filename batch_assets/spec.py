@@ -47,7 +47,8 @@ class SourceSpec(_Strict):
     format: Literal[tuple(SOURCES)] = Field(description="File format of every source file.")
     path: str = Field(
         description="Local path (relative paths resolve against the project folder) or s3://bucket/key. May hold "
-        "a glob (*, **, ?) and the token {partition}, replaced by the partition key."
+        "a glob (*, **, ?) and the token {partition}, replaced by the partition key (multi partitioning: also "
+        "{<dimension name>}, replaced by that dimension's key)."
     )
     columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error.")
     encoding: str = Field(default="utf-8", description="Text encoding of csv/jsonl files.")
@@ -491,7 +492,8 @@ class BackfillSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    """daily partitioning only: each tick materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
+    """daily partitioning (or multi with a daily dimension: every key of the other dimension) only: each tick
+    materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
 
     cron: str = Field(default="30 1 * * *", description="When ticks fire, a cron string (default 01:30 daily).")
     timezone: str | None = Field(default=None, description="Timezone of the cron (default: partitioning.timezone).")
@@ -562,7 +564,8 @@ class PipelineSpec(_Strict):
     sink: SinkSpec = Field(default_factory=SinkSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
-    schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning: a schedule (optional).")
+    schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning, or multi with a daily "
+                                         "dimension: a schedule (optional).")
     sensor: SensorSpec | None = Field(default=None, description="A sensor on new source files (optional).")
     automation: AutomationSpec | None = Field(
         default=None, description="Dagster's declarative automation (on_missing, on_cron) instead of a schedule or "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from tests.daemon_helpers import (
     SYNC_LAUNCHER, daemon_workspace, dagster_home, model_trace, run_backfill_daemon, write_code_location,
 )
 from tests.orchestration.test_sensors import Ticker
+from tests.test_docs_commands import documented_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 DG = str(Path(sys.executable).with_name("dg"))
@@ -146,18 +148,23 @@ def test_day_by_app_partition_then_a_range_through_dg_launch(tmp_path: Path) -> 
     env = user_env(DAGSTER_HOME=str(home), BATCH_STORAGE_ROOT=str(store), BATCH_PIPELINES_DIR=str(pipelines),
                    PYTHONPATH=str(ROOT))
 
-    def dg_launch(*args: str) -> None:
-        proc = subprocess.run([DG, "launch", "--assets", "group:app_reviews", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{args}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    # docs/concepts.md's two commands, as written there: one partition, then a range
+    one, many = [c for page, c in documented_commands() if page == "docs/concepts.md" and "group:app_reviews" in c]
+
+    def dg_launch(command: str) -> None:
+        words = shlex.split(command)
+        assert words[0] == ".venv/bin/dg", command
+        proc = subprocess.run([DG, *words[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     first = key("android", DAYS[0])
-    dg_launch("--partition", first)
+    assert one.endswith(f'--partition "{first}"') and many.endswith(f'"{first}...{key("ios", DAYS[1])}"')
+    dg_launch(one)
     assert output_ids(store, "app_reviews", first) == source_ids[first]
     assert sorted((store / "app_reviews" / "output").iterdir()) == [
         store / "app_reviews" / "output" / partition_file_name(first, "parquet")]
 
-    dg_launch("--partition-range", f"{key('android', DAYS[0])}...{key('ios', DAYS[1])}")
+    dg_launch(many)
     for partition, ids in source_ids.items():
         assert output_ids(store, "app_reviews", partition) == ids, partition  # rows in = rows out, in order
     loads, inferred = model_trace(log)
