@@ -103,6 +103,18 @@ def multi_key(spec: PipelineSpec, by_dimension: dict[str, str]) -> str:
     return str(dg.MultiPartitionKey(by_dimension))
 
 
+def default_id_prefix(spec: PipelineSpec, url: str) -> str:
+    """The file part of a default row id ('<file>:<row>'). Multi partitioning names a partition's files by folders
+    as well (data/reviews/{date}/{app}.jsonl): every day has an `android.jsonl`, so the id keeps the path from the
+    first placeholder on (`2026-11-01/android.jsonl:3`), unique across partitions as a daily file's name is."""
+    parts = url.rstrip("/").split("/")
+    if spec.partitioning.kind != "multi":
+        return parts[-1]
+    segments = spec.source.path.rstrip("/").split("/")
+    first = next((i for i, seg in enumerate(segments) if "{" in seg), len(segments) - 1)
+    return "/".join(parts[-(len(segments) - first):])
+
+
 def source_path_for(spec: PipelineSpec, key: str) -> str:
     """source.path for one partition: {partition} is the whole key, and for multi partitioning {<dimension>} is
     that dimension's key (the placeholders of the agreed source interface)."""

@@ -286,3 +286,24 @@ def test_sensor_adds_new_keys_of_a_dynamic_dimension(tmp_path: Path) -> None:
         write_reviews(data, "2026-11-02", "ios", age_s=60)
         assert [r.partition_key for r in ticker.tick().run_requests] == [key("ios", "2026-11-02")]
         assert sorted(instance.get_dynamic_partitions("app_reviews__app")) == list(APPS)
+
+
+def test_default_row_ids_are_unique_across_days_of_one_app(tmp_path: Path) -> None:
+    """Without prepare.id_column a row's id is '<file>:<row>'; every day has an `android.jsonl`, so the id keeps
+    the day's folder: two partitions' outputs never share an id."""
+    data, store = tmp_path / "data", tmp_path / "store"
+    for day in DAYS:
+        write_reviews(data, day, "android")
+    spec = multi_spec(data, tmp_path / "model.log")
+    spec["prepare"] = {"input_columns": ["text"]}
+    defs = build_definitions([parse_spec(spec)])
+    with dg.instance_for_test() as instance:
+        for day in DAYS:
+            result = defs.resolve_job_def("app_reviews_job").execute_in_process(
+                instance=instance, partition_key=key("android", day),
+                resources={STORAGE_KEY: ArrowStorage(root=str(store))})
+            assert result.success
+    ids = {day: pq.read_table(store / "app_reviews" / "output" / partition_file_name(key("android", day), "parquet"))
+           .column("row_id").to_pylist() for day in DAYS}
+    assert ids[DAYS[0]] == [f"{DAYS[0]}/android.jsonl:{r}" for r in range(1, ROWS["android"] + 1)]
+    assert not set(ids[DAYS[0]]) & set(ids[DAYS[1]])
