@@ -182,17 +182,16 @@ def test_day_by_app_partition_then_a_range_through_dg_launch(tmp_path: Path) -> 
 
 # -- backfill ------------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_multi_run_backfill_over_days_and_apps(tmp_path: Path) -> None:
-    """A backfill of two days x two apps with multi_run, two partitions per run: every partition published once."""
+def _backfill(tmp_path: Path, backfill: dict[str, Any], days: tuple[str, ...]) -> tuple[list[dg.DagsterRun], Path]:
+    """A backfill of `days` x both apps through the backfill daemon's own logic (as the UI or
+    `python -m batch_assets.launch backfill` records it): every partition published once, rows in = rows out."""
     from dagster._core.execution.backfill import PartitionBackfill
     from dagster._core.utils import make_new_backfill_id
     from dagster._time import get_current_timestamp
 
     data, store, log = tmp_path / "data", tmp_path / "store", tmp_path / "model.log"
-    source_ids = {key(app, day): write_reviews(data, day, app) for day in DAYS for app in APPS}
-    spec = multi_spec(data, log, backfill={"policy": "multi_run", "max_partitions_per_run": 2})
-    defs_file = write_code_location(tmp_path / "code", [spec], store)
+    source_ids = {key(app, day): write_reviews(data, day, app) for day in days for app in APPS}
+    defs_file = write_code_location(tmp_path / "code", [multi_spec(data, log, backfill=backfill)], store)
     with dg.instance_for_test(overrides=SYNC_LAUNCHER) as instance, daemon_workspace(instance, defs_file) as context:
         instance.add_backfill(PartitionBackfill.from_asset_partitions(
             backfill_id=make_new_backfill_id(), asset_graph=context.create_request_context().asset_graph,
@@ -200,13 +199,33 @@ def test_multi_run_backfill_over_days_and_apps(tmp_path: Path) -> None:
             backfill_timestamp=get_current_timestamp(), tags={}, dynamic_partitions_store=instance,
             all_partitions=False, title=None, description=None, run_config=None))
         run_backfill_daemon(context)
-        runs = instance.get_runs()
-        assert len(runs) == 2 and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+        runs = list(instance.get_runs())
+        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
         for stage in STAGES:
             assert set(instance.get_materialized_partitions(dg.AssetKey(["app_reviews", stage]))) == set(source_ids)
     for partition, ids in source_ids.items():
         assert output_ids(store, "app_reviews", partition) == ids, partition
     assert sorted(model_trace(log)[1]) == sorted(f"text-{i}" for ids in source_ids.values() for i in ids)
+    return runs, log
+
+
+@pytest.mark.slow
+def test_multi_run_backfill_over_days_and_apps(tmp_path: Path) -> None:
+    """multi_run, two partitions per run: four partitions in two runs."""
+    runs, _ = _backfill(tmp_path, {"policy": "multi_run", "max_partitions_per_run": 2}, DAYS)
+    assert len(runs) == 2
+
+
+@pytest.mark.slow
+def test_single_run_backfill_is_one_run_per_app_over_the_day_range(tmp_path: Path) -> None:
+    """single_run over three days x two apps: Dagster splits a multi-partition backfill into ranges of the daily
+    dimension, one per app, so two runs (each loading the model once), not six; docs/concepts.md says so."""
+    days = (*DAYS, "2026-11-03")
+    runs, log = _backfill(tmp_path, {"policy": "single_run"}, days)
+    ranges = sorted((r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+                    for r in runs)
+    assert ranges == [(key(app, days[0]), key(app, days[-1])) for app in APPS]
+    assert model_trace(log)[0] == 2
 
 
 # -- schedule ------------------------------------------------------------------------------------------------------
