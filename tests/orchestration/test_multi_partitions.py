@@ -326,3 +326,27 @@ def test_default_row_ids_are_unique_across_days_of_one_app(tmp_path: Path) -> No
            .column("row_id").to_pylist() for day in DAYS}
     assert ids[DAYS[0]] == [f"{DAYS[0]}/android.jsonl:{r}" for r in range(1, ROWS["android"] + 1)]
     assert not set(ids[DAYS[0]]) & set(ids[DAYS[1]])
+
+
+@pytest.mark.slow
+def test_the_sensor_daemon_runs_each_new_day_x_app_file_once(tmp_path: Path) -> None:
+    """The real sensor daemon iteration over a dynamic app dimension: it adds the apps, launches one run per file
+    (executed here at once), each publishing its file's rows; a second tick launches nothing."""
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    data, store = tmp_path / "data", tmp_path / "store"
+    source_ids = {key(app, DAYS[0]): write_reviews(data, DAYS[0], app, age_s=60) for app in APPS}
+    spec = multi_spec(data, tmp_path / "model.log", app={"name": "app", "kind": "dynamic"},
+                      sensor={"min_age_seconds": 5})
+    defs_file = write_code_location(tmp_path / "code", [spec], store)
+    logger = dg.get_dagster_logger("sensor-test")
+    with dg.instance_for_test(overrides=SYNC_LAUNCHER) as instance:
+        for _ in range(2):
+            with daemon_workspace(instance, defs_file) as context:
+                list(execute_sensor_iteration(context, logger, None, None))
+        runs = instance.get_runs()
+        assert sorted(r.tags["dagster/partition"] for r in runs) == sorted(source_ids)
+        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+        assert sorted(instance.get_dynamic_partitions("app_reviews__app")) == list(APPS)
+    for partition, ids in source_ids.items():
+        assert output_ids(store, "app_reviews", partition) == ids, partition
