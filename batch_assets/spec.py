@@ -885,6 +885,36 @@ def multi_partition_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     if spec.source.sample is not None:
         problems.append(("source.sample", "sample data is not generated for multi partitioning: point source.path "
                          "at your files"))
+    problems += _multi_override_problems(dims, spec.runtime.resources.partitions)
+    return problems
+
+
+def _multi_override_problems(dims: list[PartitionDimensionSpec], overrides: dict[str, Any]) -> list[tuple[str, str]]:
+    """`runtime.resources.partitions` keys of a multi pipeline: a key in the spec's dimension order (or with a
+    part no dimension has) would never match, and the step would run on the default resources without a word."""
+    from datetime import datetime
+
+    ordered = sorted(dims, key=lambda d: d.name)  # Dagster's order of a key's parts
+    shape = "|".join(f"<{d.name}>" for d in ordered)
+    problems = []
+    for pattern in overrides:
+        parts = pattern.split("|")
+        if len(parts) != 2:
+            problems.append(("runtime.resources.partitions", f"{pattern!r} is not a two-dimensional key: write "
+                             f"{shape} (dimension-name order), globs allowed, e.g. '{ordered[0].name}-key|*'"))
+            continue
+        for dim, part in zip(ordered, parts):
+            if any(c in part for c in "*?["):
+                continue
+            if dim.kind == "static" and part not in (dim.keys or []):
+                problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a key of dimension "
+                                 f"{dim.name!r} ({', '.join(dim.keys or [])}); keys are {shape}"))
+            elif dim.kind == "daily":
+                try:
+                    datetime.strptime(part, "%Y-%m-%d")
+                except ValueError:
+                    problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a day "
+                                     f"(YYYY-MM-DD) of dimension {dim.name!r}; keys are {shape}"))
     return problems
 
 

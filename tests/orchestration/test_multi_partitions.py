@@ -120,6 +120,22 @@ def test_a_broken_multi_spec_is_refused_at_load_naming_the_field(tmp_path: Path,
     assert "pipeline 'app_reviews'" in str(err.value)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("2026-11-04|ios", "'2026-11-04' is not a key of dimension 'app'"),
+    ("ios", "'ios' is not a two-dimensional key: write <app>|<date>"),
+    ("ios|Nov 4", "'Nov 4' is not a day (YYYY-MM-DD) of dimension 'date'"),
+])
+def test_a_resource_override_that_could_never_match_is_refused(tmp_path: Path, override: str, message: str) -> None:
+    """A Kubernetes override keyed in the spec's dimension order would never match: the step would run on the
+    default resources without a word."""
+    spec = multi_spec(tmp_path, tmp_path / "log", runtime={"resources": {"partitions": {override: {"gpus": 2}}}})
+    with pytest.raises(SpecError, match="runtime.resources.partitions") as err:
+        parse_spec(spec)
+    assert message in str(err.value), str(err.value)
+    for good in ("ios|*", "*|2026-11-04", "android|2026-11-0[1-3]"):
+        parse_spec(multi_spec(tmp_path, tmp_path / "log", runtime={"resources": {"partitions": {good: {"gpus": 2}}}}))
+
+
 def test_schedule_and_sensor_need_what_multi_partitions_give_them(tmp_path: Path) -> None:
     static_x_static = {"kind": "multi", "dimensions": [{"name": "region", "kind": "static", "keys": ["eu"]}, APP]}
     spec = multi_spec(tmp_path, tmp_path / "log", partitioning=static_x_static, schedule={"cron": "30 1 * * *"})
