@@ -366,3 +366,23 @@ def test_the_sensor_daemon_runs_each_new_day_x_app_file_once(tmp_path: Path) -> 
         assert sorted(instance.get_dynamic_partitions("app_reviews__app")) == list(APPS)
     for partition, ids in source_ids.items():
         assert output_ids(store, "app_reviews", partition) == ids, partition
+
+
+def test_an_s3_prefix_of_day_x_app_objects(s3_bucket: str) -> None:
+    """On s3:// (moto's server on loopback) the sensor maps each <date>/<app> object to its key, and the partition
+    reads exactly that object."""
+    import s3fs
+
+    from batch_assets.partitions import resolve_partition
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+    prefix = f"{s3_bucket}/reviews"
+    for app in APPS:
+        fs.pipe(f"{prefix}/{DAYS[1]}/{app}.jsonl", b'{"review_id": "1", "text": "x"}\n')
+    spec = multi_spec(Path("/unused"), Path("/unused.log"), sensor={"min_age_seconds": 0})
+    spec["source"]["path"] = f"{prefix}/{{date}}/{{app}}.jsonl"
+    with dg.instance_for_test() as instance:
+        requests = Ticker(instance, spec).tick().run_requests
+        assert sorted(r.partition_key for r in requests) == [key(app, DAYS[1]) for app in APPS]
+        assert {r.tags["batch/source_file"] for r in requests} == {f"{prefix}/{DAYS[1]}/{a}.jsonl" for a in APPS}
+    assert resolve_partition(parse_spec(spec), key("ios", DAYS[1])).files == [f"{prefix}/{DAYS[1]}/ios.jsonl"]
