@@ -136,7 +136,8 @@ class PartitioningSpec(_Strict):
 class PrepareSpec(_Strict):
     id_column: str | None = Field(
         default=None,
-        description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>'.",
+        description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>' "
+        "(multi partitioning: the file's path from the first placeholder on, '2026-11-01/android.jsonl:3').",
     )
     duplicate_ids: Literal["fail", "keep_first", "keep_last"] = Field(
         default="fail",

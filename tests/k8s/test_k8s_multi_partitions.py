@@ -11,15 +11,12 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from batch_assets.storage import partition_file_name
-from tests.k8s.conftest import CONFIG_MAP
-from tests.k8s.stub import KubernetesJobsStub, Node, instance_yaml, invalid_names
-from tests.k8s.test_k8s_schedule_sensor import DEFS, _gpu, _wait_finished
+from tests.k8s.stub import KubernetesJobsStub, invalid_names
+from tests.k8s.test_k8s_schedule_sensor import _gpu, _wait_finished, k8s_code_location
 from tests.orchestration.test_multi_partitions import APPS, key, multi_spec, write_reviews
 
-ROOT = Path(__file__).resolve().parents[2]
 UTC = dt.timezone.utc
 DAY = "2026-11-04"
 
@@ -43,26 +40,11 @@ def test_schedule_tick_sizes_each_day_x_app_infer_job(tmp_path: Path, k8s_stub: 
 
     from tests.daemon_helpers import daemon_workspace
 
-    home, pipelines, store, data = tmp_path / "home", tmp_path / "pipelines", tmp_path / "store", tmp_path / "data"
-    home.mkdir()
-    pipelines.mkdir()
-    extra = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-             "concurrency": {"pools": {"default_limit": 2, "granularity": "op"}}}
-    (home / "dagster.yaml").write_text(instance_yaml(k8s_stub, home, extra=extra, env_config_maps=[CONFIG_MAP]))
-    k8s_stub.nodes.append(Node("gpu-1", cpu="16", memory="64Gi", gpus=4))
+    data = tmp_path / "data"
     ids = {app: write_reviews(data, DAY, app) for app in APPS}
     spec = multi_spec(data, tmp_path / "model.log", schedule={"cron": "30 1 * * *"},
                       runtime={"gpus": 1, "resources": {"partitions": {"ios|*": {"gpus": 2}}}})
-    (pipelines / "app_reviews.yaml").write_text(yaml.safe_dump(spec))
-    env = {"DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
-           "BATCH_EXECUTOR": "k8s", "BATCH_STORAGE_ROOT_SHARED": "1"}  # the stand-in's pods share this disk
-    # the test's model class lives in tests/ (a real image has the user's model package installed)
-    k8s_stub.create_config_map(CONFIG_MAP, {**env, "PYTHONPATH": str(ROOT)}, namespace="batch")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    defs_file = tmp_path / "code" / "k8s_defs.py"
-    defs_file.parent.mkdir()
-    defs_file.write_text(DEFS)
+    home, store, defs_file = k8s_code_location(tmp_path, k8s_stub, monkeypatch, [spec])
 
     logger = dg.get_dagster_logger("k8s-multi-partitions")
     with dg.DagsterInstance.from_config(str(home)) as instance, daemon_workspace(instance, defs_file) as context:

@@ -27,7 +27,7 @@ from batch_assets.spec import SpecError, parse_spec
 from batch_assets.storage import ArrowStorage, partition_file_name
 from tests.conftest import user_env
 from tests.daemon_helpers import (
-    SYNC_LAUNCHER, daemon_workspace, dagster_home, model_trace, run_backfill_daemon, write_code_location,
+    SYNC_LAUNCHER, daemon_workspace, daily_spec, dagster_home, model_trace, run_backfill_daemon, write_code_location,
 )
 from tests.orchestration.test_sensors import Ticker
 from tests.test_docs_commands import documented_commands
@@ -44,7 +44,7 @@ ROWS = {"android": 3, "ios": 5}  # different per app, so a partition that read t
 def multi_spec(data: Path, log: Path, name: str = "app_reviews", app: dict[str, Any] | None = None,
                **sections: Any) -> dict[str, Any]:
     """Day x app over <data>/<date>/<app>.jsonl with the CountingModel (tests/daemon_helpers.py)."""
-    spec: dict[str, Any] = {
+    return daily_spec(data, log, **{
         "name": name,
         "source": {"format": "jsonl", "path": f"{data}/{{date}}/{{app}}.jsonl", "columns": ["review_id", "text"]},
         "partitioning": {"kind": "multi", "dimensions": [
@@ -52,13 +52,8 @@ def multi_spec(data: Path, log: Path, name: str = "app_reviews", app: dict[str, 
             app or {"name": "app", "kind": "static", "keys": list(APPS)},
         ]},
         "prepare": {"id_column": "review_id", "input_columns": ["text"]},
-        "task": {"kind": "predict"},
-        "model": {"provider": "custom", "config": {"class_path": "tests.daemon_helpers:CountingModel",
-                                                   "init_kwargs": {"log": str(log)}}},
-        "retries": {"max_retries": 0},
-    }
-    spec.update(sections)
-    return spec
+        **sections,
+    })
 
 
 def write_reviews(data: Path, day: str, app: str, rows: int | None = None, age_s: float = 0) -> list[str]:
