@@ -4,6 +4,11 @@
 - hash: N shards over every source row, by a stable hash of the row id;
 - daily: one partition per day, from a per-day file ({partition} = YYYY-MM-DD) or a timestamp column;
 - dynamic: keys added at run time (UI, sensor, `add_partitions`), each substituted for {partition}.
+- multi: two dimensions crossed (Dagster's MultiPartitionsDefinition: a day or static keys x static or dynamic
+  keys). A key is the dimension keys joined by '|' in the order of the dimension names (app, date:
+  'android|2026-11-01'); each dimension's key is substituted for {<name>} in the source path, the whole key for
+  {partition}. Everywhere else (storage paths, checkpoints, locks, lineage, dead letters) the whole key is the
+  partition key, quoted for paths like any other key (storage.partition_file_name).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
+from batch_assets.spec import PARTITION_TOKEN, PartitionDimensionSpec, PipelineSpec
 from batch_assets.storage import filesystem_for, is_remote, shown_path
 
 RowFilter = Callable[[pa.RecordBatch], np.ndarray]
@@ -58,7 +63,65 @@ def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
         return dg.DailyPartitionsDefinition(
             start_date=part.start_date, end_date=part.end_date, timezone=part.timezone
         )
+    if part.kind == "multi":
+        return dg.MultiPartitionsDefinition({d.name: _dimension_def(spec, d) for d in part.dimensions or []})
     return dg.DynamicPartitionsDefinition(name=spec.name)
+
+
+def _dimension_def(spec: PipelineSpec, dim: PartitionDimensionSpec) -> dg.PartitionsDefinition:
+    if dim.kind == "daily":
+        return dg.DailyPartitionsDefinition(start_date=dim.start_date, end_date=dim.end_date, timezone=dim.timezone)
+    if dim.kind == "static":
+        return dg.StaticPartitionsDefinition(list(dim.keys or []))
+    return dg.DynamicPartitionsDefinition(name=dynamic_dimension_name(spec, dim.name))
+
+
+def dynamic_dimension_name(spec: PipelineSpec, dimension: str) -> str:
+    """The instance-wide name of a multi pipeline's dynamic dimension (dynamic keys live in the instance)."""
+    return f"{spec.name}__{dimension}"
+
+
+def dimension_keys(spec: PipelineSpec, key: str) -> dict[str, str]:
+    """A multi partition key's key in each dimension, by dimension name ({} for any other partitioning)."""
+    part = spec.partitioning
+    if part.kind != "multi":
+        return {}
+    names = sorted(d.name for d in part.dimensions or [])  # Dagster orders a key's parts by dimension name
+    parts = str(key).split("|")
+    if len(parts) != len(names):
+        raise PipelineError(
+            f"partition key {key!r} is not a key of two dimensions: multi partition keys are the dimension keys "
+            f"joined by '|' in the order of the dimension names ({'|'.join('<' + n + '>' for n in names)})",
+            pipeline=spec.name, partition=str(key),
+            fix=f"launch e.g. --partition \"{'|'.join('<' + n + '>' for n in names)}\"",
+        )
+    return dict(zip(names, parts))
+
+
+def multi_key(spec: PipelineSpec, by_dimension: dict[str, str]) -> str:
+    """The multi partition key (as Dagster spells it) of one key per dimension."""
+    return str(dg.MultiPartitionKey(by_dimension))
+
+
+def default_id_prefix(spec: PipelineSpec, url: str) -> str:
+    """The file part of a default row id ('<file>:<row>'). Multi partitioning names a partition's files by folders
+    as well (data/reviews/{date}/{app}.jsonl): every day has an `android.jsonl`, so the id keeps the path from the
+    first placeholder on (`2026-11-01/android.jsonl:3`), unique across partitions as a daily file's name is."""
+    parts = url.rstrip("/").split("/")
+    if spec.partitioning.kind != "multi":
+        return parts[-1]
+    segments = spec.source.path.rstrip("/").split("/")
+    first = next((i for i, seg in enumerate(segments) if "{" in seg), len(segments) - 1)
+    return "/".join(parts[-(len(segments) - first):])
+
+
+def source_path_for(spec: PipelineSpec, key: str) -> str:
+    """source.path for one partition: {partition} is the whole key, and for multi partitioning {<dimension>} is
+    that dimension's key (the placeholders of the agreed source interface)."""
+    path = spec.source.path.replace(PARTITION_TOKEN, str(key))
+    for name, value in dimension_keys(spec, key).items():
+        path = path.replace("{" + name + "}", value)
+    return path
 
 
 def _expand(pattern: str) -> list[str]:
@@ -132,6 +195,9 @@ def _file_key(url: str) -> str:
 
 def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
     part, pattern = spec.partitioning, spec.source.path
+    if part.kind == "multi":  # each partition reads its own files (spec.multi_partition_problems)
+        concrete = source_path_for(spec, key)
+        return PartitionSlice(key, _require(_expand(concrete), spec, key, concrete))
     if part.kind == "hash":
         files = _expand(pattern)
         index = hash_shard_keys(part.count or 1).index(key)

@@ -50,7 +50,8 @@ class SourceSpec(_Strict):
         description="Local path or s3://bucket/key. A relative path resolves against the pipeline's project folder: "
         "$BATCH_PROJECT_ROOT, else the pyproject.toml/dg.toml project at or above the spec file or defs.yaml, else "
         "the current directory (docs/concepts.md, Relative paths). May hold a glob (*, **, ?) and the token "
-        "{partition}, replaced by the partition key."
+        "{partition}, replaced by the partition key (multi partitioning: also {<dimension name>}, replaced by that "
+        "dimension's key)."
     )
     columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error.")
     encoding: str = Field(default="utf-8", description="Text encoding of csv/jsonl files.")
@@ -79,8 +80,40 @@ class SourceSpec(_Strict):
     )
 
 
+class PartitionDimensionSpec(_Strict):
+    """One dimension of `kind: multi` partitioning (two of them: a day or a set of keys, crossed with keys)."""
+
+    name: str = Field(description="multi: the dimension's name, an identifier (e.g. date, app); {name} in "
+                      "source.path is replaced by this dimension's key.")
+    kind: Literal["daily", "static", "dynamic"] = Field(
+        description="multi: daily (one key per day, YYYY-MM-DD), static (the keys listed) or dynamic (keys added "
+        "at run time: the UI, a sensor, `add_partitions`).")
+    keys: list[str] | None = Field(default=None, description="multi, static dimension: its keys.")
+    start_date: str | None = Field(default=None, description="multi, daily dimension: first day, YYYY-MM-DD.")
+    end_date: str | None = Field(default=None, description="multi, daily dimension: day after the last one.")
+    timezone: str = Field(default="UTC", description="multi, daily dimension: timezone of the day boundaries.")
+
+
 class PartitioningSpec(_Strict):
-    kind: Literal["static", "hash", "daily", "dynamic"]
+    kind: Literal["static", "hash", "daily", "dynamic", "multi"] = Field(
+        description="static, hash, daily, dynamic, or multi: two dimensions crossed (e.g. day x app), each "
+        "partition key being the two dimension keys joined by '|' in the order of the dimension NAMES "
+        "(app and date: 'android|2026-11-01'). See docs/concepts.md, 'Two-dimensional partitions'.")
+    dimensions: list[PartitionDimensionSpec] | None = Field(
+        default=None,
+        description="multi: exactly two dimensions; at most one daily; static and dynamic keys must not hold "
+        "'|', ',', '[' or ']'. source.path names each dimension as {<name>} (e.g. "
+        "data/reviews/{date}/{app}.jsonl).",
+    )
+
+    def time_dimension(self) -> PartitionDimensionSpec | None:
+        """multi: the daily dimension, if there is one (a schedule ticks over it)."""
+        return next((d for d in self.dimensions or [] if d.kind == "daily"), None) if self.kind == "multi" else None
+
+    def day_timezone(self) -> str:
+        """The timezone of the day boundaries: daily's, or a multi partitioning's daily dimension's."""
+        dim = self.time_dimension()
+        return dim.timezone if dim is not None else self.timezone
     keys: list[str] | None = Field(
         default=None,
         description="static: the partition keys, each substituted for {partition} in source.path. When omitted, "
@@ -106,7 +139,8 @@ class PartitioningSpec(_Strict):
 class PrepareSpec(_Strict):
     id_column: str | None = Field(
         default=None,
-        description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>'.",
+        description="Column holding a stable, unique row id. Without it the id is '<file name>:<row number>' "
+        "(multi partitioning: the file's path from the first placeholder on, '2026-11-01/android.jsonl:3').",
     )
     duplicate_ids: Literal["fail", "keep_first", "keep_last"] = Field(
         default="fail",
@@ -466,7 +500,8 @@ class BackfillSpec(_Strict):
 
 
 class ScheduleSpec(_Strict):
-    """daily partitioning only: each tick materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
+    """daily partitioning (or multi with a daily dimension: every key of the other dimension) only: each tick
+    materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
 
     cron: str = Field(default="30 1 * * *", description="When ticks fire, a cron string (default 01:30 daily).")
     timezone: str | None = Field(default=None, description="Timezone of the cron (default: partitioning.timezone).")
@@ -537,7 +572,8 @@ class PipelineSpec(_Strict):
     sink: SinkSpec = Field(default_factory=SinkSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     backfill: BackfillSpec = Field(default_factory=BackfillSpec)
-    schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning: a schedule (optional).")
+    schedule: ScheduleSpec | None = Field(default=None, description="daily partitioning, or multi with a daily "
+                                         "dimension: a schedule (optional).")
     sensor: SensorSpec | None = Field(default=None, description="A sensor on new source files (optional).")
     automation: AutomationSpec | None = Field(
         default=None, description="Dagster's declarative automation (on_missing, on_cron) instead of a schedule or "
@@ -608,6 +644,7 @@ class PipelineSpec(_Strict):
             problems.append(("source.path", f"static keys are substituted for {PARTITION_TOKEN}: add it to the path"))
         if part.kind == "hash" and PARTITION_TOKEN in self.source.path:
             problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
+        problems += multi_partition_problems(self)
 
         secret_literals = literal_secrets(self.model.config)
         if secret_literals:
@@ -735,12 +772,13 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     part = spec.partitioning
     if spec.schedule is not None:
-        if part.kind != "daily":
-            problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily partitioning"))
+        if part.kind != "daily" and not (part.kind == "multi" and part.time_dimension() is not None):
+            problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily "
+                             "partitioning, or multi partitioning with a daily dimension"))
         if not is_valid_cron_string(spec.schedule.cron):
             problems.append(("schedule.cron", f"{spec.schedule.cron!r} is not a cron string like '30 1 * * *'"))
         try:
-            ZoneInfo(spec.schedule.timezone or part.timezone)
+            ZoneInfo(spec.schedule.timezone or part.day_timezone())
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(("schedule.timezone", f"unknown timezone {spec.schedule.timezone!r}"))
     if spec.sensor is not None:
@@ -750,6 +788,12 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "can change any day. Use `schedule:` instead (the newest complete day, once it has "
                              "ended), or write one file per day and put {partition} in source.path (time_column "
                              "then checks each row's day, see partitioning.day_check)"))
+        elif part.kind == "multi":
+            missing = [d.name for d in part.dimensions or [] if "{" + d.name + "}" not in spec.source.path]
+            if missing:
+                problems.append(("sensor", "a sensor maps each new file to a partition through each dimension's "
+                                 "placeholder in source.path; put " + " and ".join("{" + m + "}" for m in missing)
+                                 + " in it (e.g. data/reviews/{date}/{app}.jsonl)"))
         elif part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
             problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
                              "source.path; this pipeline has no per-file partitions"))
@@ -769,7 +813,7 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
             elif not is_valid_cron_string(auto.cron):
                 problems.append(("automation.cron", f"{auto.cron!r} is not a cron string like '0 2 * * *'"))
             try:
-                ZoneInfo(auto.timezone or part.timezone)
+                ZoneInfo(auto.timezone or part.day_timezone())
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
         elif part.kind == "hash" or (part.kind == "static" and part.keys):
@@ -779,6 +823,106 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "never launch anything. Use a backfill for the partitions there are, or on_cron"))
         if auto.condition == "on_missing" and (auto.cron or auto.timezone):
             problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
+    return problems
+
+
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Dagster joins a multi-partition key's dimension keys with '|' and lists keys with ',' and '[...]' (dagster's
+# INVALID_STATIC_PARTITIONS_KEY_CHARACTERS): a key holding one would be split wrongly, or silently dropped.
+MULTI_KEY_FORBIDDEN = ("|", ",", "[", "]")
+
+
+def multi_partition_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    """`partitioning.kind: multi`: two dimensions Dagster's MultiPartitionsDefinition accepts, each reachable from
+    source.path. Checked here, at load, because Dagster's own errors come later (at a run) or never: a dynamic key
+    with '|' is silently left out of the partitions."""
+    part = spec.partitioning
+    if part.kind != "multi":
+        if part.dimensions is not None:
+            return [("partitioning.dimensions", f"dimensions are for kind: multi, not {part.kind!r}")]
+        return []
+    problems: list[tuple[str, str]] = []
+    for field in ("keys", "count", "start_date", "end_date", "time_column"):
+        if getattr(part, field) is not None:
+            problems.append((f"partitioning.{field}", f"kind: multi sets {field} on its dimension "
+                             "(partitioning.dimensions), not on partitioning"))
+    dims = part.dimensions or []
+    if len(dims) != 2:
+        return problems + [("partitioning.dimensions", f"kind: multi needs exactly two dimensions (Dagster's "
+                            f"MultiPartitionsDefinition), e.g. a daily `date` and a static `app`; got {len(dims)}")]
+    names = [d.name for d in dims]
+    for i, dim in enumerate(dims):
+        where = f"partitioning.dimensions.{i}"
+        if not dim.name.isidentifier() or dim.name == "partition":
+            problems.append((f"{where}.name", f"{dim.name!r} must be an identifier (letters, digits, _) other than "
+                             "'partition': it is the {" + dim.name + "} placeholder of source.path"))
+        if dim.kind == "daily" and not dim.start_date:
+            problems.append((f"{where}.start_date", "a daily dimension needs start_date (YYYY-MM-DD)"))
+        if dim.kind != "daily" and (dim.start_date or dim.end_date):
+            problems.append((f"{where}.start_date", f"start_date / end_date are for a daily dimension, not {dim.kind}"))
+        if dim.kind == "static" and not dim.keys:
+            problems.append((f"{where}.keys", "a static dimension lists its keys"))
+        if dim.kind != "static" and dim.keys is not None:
+            problems.append((f"{where}.keys", f"keys are listed for a static dimension; a {dim.kind} dimension's "
+                             "keys " + ("are days" if dim.kind == "daily" else "are added at run time")))
+        for key in dim.keys or []:
+            bad = [c for c in MULTI_KEY_FORBIDDEN if c in key]
+            if bad or not key:
+                problems.append((f"{where}.keys", f"key {key!r} " + (f"holds {' '.join(bad)}, which Dagster uses "
+                                 "to join and list multi-partition keys: rename it" if bad else "is empty")))
+        if dim.keys and len(set(dim.keys)) != len(dim.keys):
+            problems.append((f"{where}.keys", "a key is listed twice"))
+    if names[0] == names[1]:
+        problems.append(("partitioning.dimensions", f"the two dimensions are both named {names[0]!r}"))
+    if sum(d.kind == "daily" for d in dims) > 1:
+        problems.append(("partitioning.dimensions", "at most one daily dimension: a day crossed with a day is not a "
+                         "key of its own; cross the day with a static or dynamic dimension"))
+    if sum(d.kind == "dynamic" for d in dims) > 1:
+        problems.append(("partitioning.dimensions", "at most one dynamic dimension: a sensor could not tell which "
+                         "of two new keys is which"))
+    used = set(PLACEHOLDER_RE.findall(spec.source.path))
+    unknown = sorted(used - set(names) - {"partition"})
+    if unknown:
+        problems.append(("source.path", f"placeholder(s) {', '.join('{' + u + '}' for u in unknown)} name no "
+                         f"dimension (dimensions: {', '.join(names)}; {PARTITION_TOKEN} is the whole key)"))
+    if "partition" not in used and not set(names) <= used:
+        missing = [n for n in names if n not in used]
+        problems.append(("source.path", "multi partitioning reads each partition's own files: put "
+                         f"{' and '.join('{' + m + '}' for m in missing)} in the path (e.g. "
+                         "data/reviews/{date}/{app}.jsonl)"))
+    if spec.source.sample is not None:
+        problems.append(("source.sample", "sample data is not generated for multi partitioning: point source.path "
+                         "at your files"))
+    problems += _multi_override_problems(dims, spec.runtime.resources.partitions)
+    return problems
+
+
+def _multi_override_problems(dims: list[PartitionDimensionSpec], overrides: dict[str, Any]) -> list[tuple[str, str]]:
+    """`runtime.resources.partitions` keys of a multi pipeline: a key in the spec's dimension order (or with a
+    part no dimension has) would never match, and the step would run on the default resources without a word."""
+    from datetime import datetime
+
+    ordered = sorted(dims, key=lambda d: d.name)  # Dagster's order of a key's parts
+    shape = "|".join(f"<{d.name}>" for d in ordered)
+    problems = []
+    for pattern in overrides:
+        parts = pattern.split("|")
+        if len(parts) != 2:
+            problems.append(("runtime.resources.partitions", f"{pattern!r} is not a two-dimensional key: write "
+                             f"{shape} (dimension-name order), globs allowed, e.g. '{ordered[0].name}-key|*'"))
+            continue
+        for dim, part in zip(ordered, parts):
+            if any(c in part for c in "*?["):
+                continue
+            if dim.kind == "static" and part not in (dim.keys or []):
+                problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a key of dimension "
+                                 f"{dim.name!r} ({', '.join(dim.keys or [])}); keys are {shape}"))
+            elif dim.kind == "daily":
+                try:
+                    datetime.strptime(part, "%Y-%m-%d")
+                except ValueError:
+                    problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a day "
+                                     f"(YYYY-MM-DD) of dimension {dim.name!r}; keys are {shape}"))
     return problems
 
 

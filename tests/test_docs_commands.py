@@ -32,6 +32,9 @@ COVERED: list[tuple[str, str]] = [
      "tests/test_dg.py::test_scaffolded_component_pipeline_materializes"),
     (r'\.venv/bin/dg launch --assets "group:\w+" --partition-range "[\w-]+\.\.\.[\w-]+"',
      "tests/test_dg.py::test_scaffolded_component_pipeline_materializes"),
+    # docs/concepts.md, two-dimensional partitions: the page's two commands, read from it and run as written
+    (r'\.venv/bin/dg launch --assets "group:app_reviews" --partition(-range)? "[\w|.-]+"',
+     "tests/orchestration/test_multi_partitions.py::test_day_by_app_partition_then_a_range_through_dg_launch"),
     (r'BATCH_STORAGE_ROOT=s3://\S+ AWS_REGION=\S+ \.venv/bin/dg launch --assets "group:document_embeddings" '
      r"--partition shard-00-of-04", "tests/test_docs_commands.py::test_the_s3_command_runs_as_written"),
     (r'CMAKE_ARGS="-DGGML_NATIVE=OFF" \.venv/bin/pip install "llama-cpp-python\[server\]==0\.3\.36"',

@@ -36,7 +36,7 @@ def automation_condition(spec: PipelineSpec) -> dg.AutomationCondition | None:
     if auto.condition == "on_missing":
         return dg.AutomationCondition.on_missing()
     assert auto.condition == "on_cron" and auto.cron  # checked by the spec
-    return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or spec.partitioning.timezone)
+    return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or spec.partitioning.day_timezone())
 
 
 def automation_sensor_name(spec: PipelineSpec) -> str:
@@ -55,5 +55,5 @@ def build_automation_sensor(spec: PipelineSpec) -> dg.AutomationConditionSensorD
         minimum_interval_seconds=auto.interval_seconds,
         run_tags={"batch/launched_by": "automation"},
         description=f"Declarative automation of {spec.name}: {auto.condition}"
-        + (f" ({auto.cron}, {auto.timezone or spec.partitioning.timezone})" if auto.cron else "") + ".",
+        + (f" ({auto.cron}, {auto.timezone or spec.partitioning.day_timezone()})" if auto.cron else "") + ".",
     )

@@ -24,9 +24,8 @@ from functools import cached_property
 from typing import Any
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import resolve_partition
+from batch_assets.partitions import resolve_partition, source_path_for
 from batch_assets.spec import (
-    PARTITION_TOKEN,
     InferResources,
     PipelineSpec,
     Toleration,
@@ -163,7 +162,7 @@ def resources_for_key(spec: PipelineSpec, key: str, sizes: PartitionSizes | None
         except OSError as exc:
             raise PipelineError(
                 f"could not size the partition for runtime.resources.by_size: {exc}",
-                pipeline=spec.name, partition=key, file=shown_path(spec.source.path.replace(PARTITION_TOKEN, key)),
+                pipeline=spec.name, partition=key, file=shown_path(source_path_for(spec, key)),
                 fix="check the source files are readable by the run worker, or use partitions overrides",
             ) from exc
     override = policy.partitions.get(key)

@@ -1,7 +1,10 @@
 """Sensors on new input: each new (or rewritten) source file becomes a partition and one run.
 
 The sensor lists `source.path` with `{partition}` as the wildcard (local folder or s3://, through fsspec) and maps
-each file to the partition key that `{partition}` matches, so the run reads exactly that file.
+each file to the partition key that `{partition}` matches, so the run reads exactly that file. With multi
+partitioning each dimension's placeholder is a wildcard (`data/reviews/{date}/{app}.jsonl`): a file's key is its
+date and app joined as Dagster spells multi keys (`android|2026-11-02`), and a new key of a dynamic dimension is
+added to that dimension.
 
 - Exactly once per file version: the cursor maps each file to a digest of its version (S3 ETag or local mtime,
   plus size). A file is requested when its digest differs from the cursor's, so a file rewritten in place is
@@ -32,13 +35,14 @@ from typing import Any
 
 import dagster as dg
 
+from batch_assets.errors import PipelineError
 from batch_assets.orchestration import claims, lineage
 from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.lineage import file_modified, file_version
 from batch_assets.orchestration.sample_data import ensure_sample
-from batch_assets.partitions import partitions_def_for
-from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
+from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
+from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import ArrowStorage, filesystem_for
 
 SOURCE_FILE_TAG = "batch/source_file"
@@ -75,19 +79,43 @@ def decode_cursor(cursor: str | None) -> dict[str, str]:
 _modified, _version = file_modified, file_version
 
 
-def _key_pattern(path: str) -> re.Pattern[str]:
-    prefix, _, suffix = path.partition(PARTITION_TOKEN)
+def _placeholders(spec: PipelineSpec) -> list[str]:
+    """The names a file's path gives a key for: {partition}, or each dimension of multi partitioning."""
+    if spec.partitioning.kind == "multi":
+        return [d.name for d in spec.partitioning.dimensions or []]
+    return [PARTITION_TOKEN.strip("{}")]
+
+
+def _key_pattern(path: str, names: list[str]) -> re.Pattern[str]:
+    """A regex over file paths with one group per placeholder (a placeholder repeated must match the same)."""
     glob_part = lambda text: re.escape(text).replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")  # noqa: E731
-    return re.compile("^" + glob_part(prefix) + "(?P<key>[^/]+?)" + glob_part(suffix) + "$")
+    pieces = re.split(r"\{(" + "|".join(map(re.escape, names)) + r")\}", path)
+    regex, seen = "^", set()
+    for i, piece in enumerate(pieces):  # text, name, text, name, ..., text
+        if i % 2 == 0:
+            regex += glob_part(piece)
+        elif piece in seen:
+            regex += f"(?P={piece})"
+        else:
+            seen.add(piece)
+            regex += f"(?P<{piece}>[^/]+?)"
+    return re.compile(regex + "$")
+
+
+def _file_key(spec: PipelineSpec, match: re.Match[str], names: list[str]) -> str:
+    if spec.partitioning.kind == "multi":
+        return multi_key(spec, {name: match[name] for name in names})
+    return match[names[0]]
 
 
 def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
     """Every data file under the source path with its partition key and version, oldest first."""
     pattern = spec.source.path
     fs, path = filesystem_for(pattern)
-    matcher = _key_pattern(path)
+    names = _placeholders(spec)
+    matcher = _key_pattern(path, names)
     scheme = "s3://" if pattern.startswith("s3://") else ""
-    found = fs.glob(path.replace(PARTITION_TOKEN, "*"), detail=True)
+    found = fs.glob(re.sub(r"\{(" + "|".join(map(re.escape, names)) + r")\}", "*", path), detail=True)
     files = []
     for name, info in found.items():
         if info.get("type") == "directory":
@@ -97,7 +125,7 @@ def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
             continue  # temporary files of atomic writers, markers
         match = matcher.match(name)
         if match:
-            files.append(SourceFile(scheme + name, match["key"], _version(info), _modified(info)))
+            files.append(SourceFile(scheme + name, _file_key(spec, match, names), _version(info), _modified(info)))
     return sorted(files, key=lambda f: (f.modified, f.url))
 
 
@@ -155,17 +183,14 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
             waiting_on[f.key] = busy[f.key]
         elif f.key in by_key or len(by_key) < budget:
             by_key.setdefault(f.key, []).append(f)
-    dynamic = isinstance(pdef, dg.DynamicPartitionsDefinition)
+    dynamic = _dynamic_part(spec, pdef)
     requests, new_keys, rejected, adopted = [], [], [], {}
     claimed: dict[str, claims.Claim] = {}
     for key, key_files in by_key.items():
-        if not dynamic:
-            with dg.partition_loading_context(dynamic_partitions_store=context.instance):
-                known = pdef.has_partition_key(key)
-            if not known:  # e.g. a file named for a day outside the daily partitions
-                rejected.append(key)
-                _mark_seen(seen, key_files)
-                continue
+        if not _is_partition(spec, pdef, key, context.instance):  # e.g. a file named for a day outside the daily partitions
+            rejected.append(key)
+            _mark_seen(seen, key_files)
+            continue
         version = lineage.source_version(spec, key)
         record = lineage.published(spec, storage, key, version)
         if record is not None:  # already published from this very file version (a backfill, a schedule, the UI)
@@ -201,10 +226,12 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     live = {f.url for f in listing}
     seen = {url: version for url, version in seen.items() if url in live}  # deleted files leave the cursor
     add = []
-    if dynamic and new_keys:
-        existing = set(context.instance.get_dynamic_partitions(pdef.name))
-        fresh = [k for k in new_keys if k not in existing]
-        add = [pdef.build_add_request(fresh)] if fresh else []
+    if dynamic is not None and new_keys:
+        dynamic_def, dimension = dynamic
+        existing = set(context.instance.get_dynamic_partitions(dynamic_def.name))
+        wanted = [dimension_keys(spec, k)[dimension] if dimension else k for k in new_keys]
+        fresh = [k for k in dict.fromkeys(wanted) if k not in existing]
+        add = [dynamic_def.build_add_request(fresh)] if fresh else []
     left = len(ready) - sum(len(v) for v in by_key.values())
     if left:
         context.log.info(f"Throttled: {len(requests)} run(s) requested, {left} ready file(s) wait for later ticks")
@@ -216,6 +243,38 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
         return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=encode_cursor(seen))
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=add, asset_events=events,
                            cursor=encode_cursor(seen))
+
+
+def _dynamic_part(spec: PipelineSpec, pdef: dg.PartitionsDefinition,
+                  ) -> tuple[dg.DynamicPartitionsDefinition, str | None] | None:
+    """The dynamic partitions a new file's key is added to: the pipeline's (dimension None), a multi pipeline's
+    dynamic dimension (its name), or None."""
+    if isinstance(pdef, dg.DynamicPartitionsDefinition):
+        return pdef, None
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        for dim in pdef.partitions_defs:
+            if isinstance(dim.partitions_def, dg.DynamicPartitionsDefinition):
+                return dim.partitions_def, dim.name
+    return None
+
+
+def _is_partition(spec: PipelineSpec, pdef: dg.PartitionsDefinition, key: str, instance: dg.DagsterInstance) -> bool:
+    """Whether a file's key names a partition: any key of a dynamic partitioning or dimension (the sensor adds
+    it), a key of the others' (a day in the daily range, a listed static key)."""
+    if isinstance(pdef, dg.DynamicPartitionsDefinition):
+        return True
+    with dg.partition_loading_context(dynamic_partitions_store=instance):
+        if not isinstance(pdef, dg.MultiPartitionsDefinition):
+            return pdef.has_partition_key(key)
+        try:
+            by_dimension = dimension_keys(spec, key)
+        except PipelineError:  # a file name holding '|': no key of either dimension
+            return False
+        return all(
+            not any(c in by_dimension[dim.name] for c in MULTI_KEY_FORBIDDEN)
+            and (isinstance(dim.partitions_def, dg.DynamicPartitionsDefinition)
+                 or dim.partitions_def.has_partition_key(by_dimension[dim.name]))
+            for dim in pdef.partitions_defs)
 
 
 def _mark_seen(seen: dict[str, str], files: list[SourceFile]) -> None:

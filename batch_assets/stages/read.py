@@ -21,6 +21,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.partitions import (
     ROW_HASH,
     PartitionSlice,
+    default_id_prefix,
     hash_shard_keys,
     resolve_partition,
     row_hashes,
@@ -328,7 +329,7 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
 def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array) -> pa.Array:
     id_column = spec.prepare.id_column
     if id_column is None:
-        name = url.rstrip("/").rsplit("/", 1)[-1]
+        name = default_id_prefix(spec, url)
         return pa.array([f"{name}:{r}" for r in rows.to_pylist()], pa.string())
     ids = pc.cast(batch.column(id_column), pa.string())
     blank = pc.or_kleene(pc.is_null(ids), pc.equal(pc.utf8_trim_whitespace(ids), ""))

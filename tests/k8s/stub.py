@@ -32,6 +32,9 @@ a deployment can go wrong:
   persistentVolumeClaim volume: with `claims` given (`create_claim`), a claim that does not exist keeps the pod
   unschedulable (`persistentvolumeclaim "x" not found`, as kube-scheduler says), one created with `mount_error`
   (a Multi-Attach error, an unreachable NFS server) never mounts (`FailedMount`).
+- **Validation.** A Job whose name is not a lowercase RFC 1123 name of at most 63 characters, or whose labels (its
+  own or its pod template's) are not valid label names and values, is refused with 422 `Invalid`, as the API
+  server refuses it (a partition key such as `android|2026-11-01` in a name or label would be).
 - **Admission.** With `pod_security="restricted"` (the namespace label `pod-security.kubernetes.io/enforce`) a pod
   that breaks the profile (batch_assets/pod_security.py) is refused, and with `service_accounts` given a pod naming
   another service account is refused: the Job exists, its pod never does, and the Job's `FailedCreate` event says
@@ -581,6 +584,10 @@ class KubernetesJobsStub:
             body = req._body()  # type: ignore[attr-defined]
             if self._find(jobs["ns"], body["metadata"]["name"]) is not None:
                 return reply(409, _status(409, "AlreadyExists", f"job {body['metadata']['name']} exists"))
+            invalid = invalid_names(body)
+            if invalid:  # the API server validates names and labels before anything is stored
+                return reply(422, _status(422, "Invalid", f'Job.batch "{body["metadata"]["name"]}" is invalid: '
+                                          + "; ".join(invalid)))
             job = self._create(jobs["ns"], body)
             return reply(201, job.body)
         if jobs and jobs["name"]:
@@ -738,6 +745,34 @@ def _get(obj: dict[str, Any], dotted: str) -> Any:
 def _matches(job: RecordedJob, wanted: dict[str, str]) -> bool:
     labels = {**job.labels, "job-name": job.name}
     return all(labels.get(k) == v for k, v in wanted.items())
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def invalid_names(body: dict[str, Any]) -> list[str]:
+    """What the API server refuses in a Job's name and its and its pod template's labels (apimachinery's
+    IsDNS1123Subdomain, IsQualifiedName, IsValidLabelValue). A Job name is also its pods' `job-name` label value,
+    hence 63 characters at most."""
+    problems = []
+    name = body["metadata"].get("name") or ""
+    if len(name) > 63 or not _DNS_SUBDOMAIN.match(name):
+        problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain of at most 63 "
+                        "characters")
+    template = (body.get("spec") or {}).get("template") or {}
+    for where, labels in (("metadata.labels", body["metadata"].get("labels") or {}),
+                          ("spec.template.metadata.labels", (template.get("metadata") or {}).get("labels") or {})):
+        for key, value in labels.items():
+            prefix, _, local = key.rpartition("/")
+            if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or len(local) > 63 \
+                    or not _LABEL_PART.match(local):
+                problems.append(f"{where}: Invalid value: {key!r}: not a qualified label name")
+            if value and (len(value) > 63 or not _LABEL_PART.match(str(value))):
+                problems.append(f"{where}: Invalid value: {value!r} (label {key}): a valid label value must be 63 "
+                                "characters or less, alphanumeric, '-', '_' or '.', starting and ending with an "
+                                "alphanumeric character")
+    return problems
 
 
 def _status(code: int, reason: str, message: str, success: bool = False) -> dict[str, Any]:

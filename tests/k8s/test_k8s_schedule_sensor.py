@@ -51,14 +51,10 @@ def _wait_finished(instance: dg.DagsterInstance, stub: KubernetesJobsStub, count
                          f"{stub.failures()}")
 
 
-def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, k8s_stub: KubernetesJobsStub,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.test_utils import freeze_time
-    from dagster._daemon.sensor import execute_sensor_iteration
-    from dagster._scheduler.scheduler import launch_scheduled_runs
-
-    from tests.daemon_helpers import daemon_workspace
-
+def k8s_code_location(tmp_path: Path, k8s_stub: KubernetesJobsStub, monkeypatch: pytest.MonkeyPatch,
+                      specs: list[dict]) -> tuple[Path, Path, Path]:
+    """An instance launching runs on the stand-in (K8sRunLauncher, BATCH_EXECUTOR=k8s, a 4-GPU node beside the CPU
+    one) and a code location over `specs`: (DAGSTER_HOME, storage root, definitions file)."""
     home, pipelines, store = tmp_path / "home", tmp_path / "pipelines", tmp_path / "store"
     home.mkdir()
     pipelines.mkdir()
@@ -67,18 +63,7 @@ def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, 
              "concurrency": {"pools": {"default_limit": 2, "granularity": "op"}}}
     (home / "dagster.yaml").write_text(instance_yaml(k8s_stub, home, extra=extra, env_config_maps=[CONFIG_MAP]))
     k8s_stub.nodes.append(Node("gpu-1", cpu="16", memory="64Gi", gpus=4))
-
-    write_day(tmp_path / "days", DAY_SMALL)
-    write_day(tmp_path / "days", DAY_BIG)
-    gpu_policy = {"gpus": 1, "resources": {"partitions": {DAY_BIG: {"gpus": 2}, "big": {"gpus": 2}}}}
-    daily = daily_spec(tmp_path / "days", tmp_path / "daily.log", schedule={"cron": "30 1 * * *"},
-                       runtime=gpu_policy)
-    inbox = inbox_spec(str(tmp_path / "inbox"), min_age_seconds=0)
-    inbox["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "inbox.log")
-    inbox["runtime"] = gpu_policy
-    drop(tmp_path / "inbox", "small")
-    drop(tmp_path / "inbox", "big")
-    for spec in (daily, inbox):
+    for spec in specs:
         (pipelines / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     env = {"DAGSTER_HOME": str(home), "BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(store),
            "BATCH_EXECUTOR": "k8s", "BATCH_STORAGE_ROOT_SHARED": "1"}  # the stand-in's pods share this disk
@@ -90,6 +75,28 @@ def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, 
     defs_file = tmp_path / "code" / "k8s_defs.py"
     defs_file.parent.mkdir()
     defs_file.write_text(DEFS)
+    return home, store, defs_file
+
+
+def test_schedule_ticks_and_sensor_requests_size_each_infer_job(tmp_path: Path, k8s_stub: KubernetesJobsStub,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagster._core.test_utils import freeze_time
+    from dagster._daemon.sensor import execute_sensor_iteration
+    from dagster._scheduler.scheduler import launch_scheduled_runs
+
+    from tests.daemon_helpers import daemon_workspace
+
+    write_day(tmp_path / "days", DAY_SMALL)
+    write_day(tmp_path / "days", DAY_BIG)
+    gpu_policy = {"gpus": 1, "resources": {"partitions": {DAY_BIG: {"gpus": 2}, "big": {"gpus": 2}}}}
+    daily = daily_spec(tmp_path / "days", tmp_path / "daily.log", schedule={"cron": "30 1 * * *"},
+                       runtime=gpu_policy)
+    inbox = inbox_spec(str(tmp_path / "inbox"), min_age_seconds=0)
+    inbox["model"]["config"]["init_kwargs"]["log"] = str(tmp_path / "inbox.log")
+    inbox["runtime"] = gpu_policy
+    drop(tmp_path / "inbox", "small")
+    drop(tmp_path / "inbox", "big")
+    home, store, defs_file = k8s_code_location(tmp_path, k8s_stub, monkeypatch, [daily, inbox])
 
     logger = dg.get_dagster_logger("k8s-launch-paths")
     with dg.DagsterInstance.from_config(str(home)) as instance, daemon_workspace(instance, defs_file) as context:
