@@ -76,7 +76,7 @@ def build_schedule(spec: PipelineSpec, job_name: str) -> dg.ScheduleDefinition |
         if busy is not None:  # a sensor, a backfill or a user is making this day now
             return dg.SkipReason(f"day {day} is being made by {lineage.launched_by(busy)}; not launched twice")
         storage = getattr(context.resources, STORAGE_KEY)
-        version = lineage.source_version(spec, day)
+        version = lineage.source_version(spec, day, storage)
         record = lineage.published(spec, storage, day, version)
         if record is not None:
             return dg.SkipReason(f"day {day} is already published from the same source and spec (made by "
