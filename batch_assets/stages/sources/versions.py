@@ -6,8 +6,8 @@ byte-identical output, a `touch`, a copy that preserves nothing but the bytes, r
 What each case costs:
 
 - **Local file**: a `stat`. The digest (BLAKE2b, or xxh3-128 when `xxhash` is installed) is streamed over the file
-  in 1 MiB blocks, never held in memory, and only when the file's (mtime, size, inode) differs from the last time
-  it was hashed: a small cache of path -> stat -> digest, `_source_versions.sqlite` in the storage root (a local
+  in 1 MiB blocks, never held in memory, and only when the file's (mtime, ctime, size, inode) differs from the last
+  time it was hashed: a small cache of path -> stat -> digest, `_source_versions.sqlite` in the storage root (a local
   root; an `s3://` root keeps the cache in the process only).
 - **S3, single-part upload**: the ETag is the MD5 of the bytes: one HEAD request (or none: the listing carries it).
 - **S3, multipart upload**: the ETag is an MD5 of the parts' MD5s with the part count (`<md5>-<parts>`); the object's
@@ -88,7 +88,9 @@ def _hash_file(fs: Any, path: str) -> str:
 
 def _local_version(path: str, cache_root: str | None) -> str:
     st = os.stat(path)
-    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    # ctime too: a writer that restores the old mtime after rewriting the same number of bytes (rsync -t, cp -p,
+    # os.utime) cannot set it back, so changed bytes are never taken for cached ones
+    stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
     if cache_root is None or is_remote(cache_root):
         return _cached_in_memory(path, stamp, lambda: _hash_file(LocalFileSystem(), path))
     cache = os.path.join(filesystem_for(cache_root)[1], CACHE_FILE)
