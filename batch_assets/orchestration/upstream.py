@@ -94,7 +94,8 @@ def upstream_problems(defs: dg.Definitions, specs: list[PipelineSpec]) -> tuple[
         where = f"pipeline {spec.name!r}: source.asset {spec.source.asset!r}"
         node = graph.get(key) if graph.has(key) else None
         if node is None or not (node.is_materializable or node.is_observable):
-            known = [k.to_user_string() for k in graph.get_all_asset_keys() if k.path[0] != spec.name]
+            known = [k.to_user_string() for k in graph.get_all_asset_keys() if k.path[0] != spec.name
+                     and (graph.get(k).is_materializable or graph.get(k).is_observable)]  # not the stub for `key`
             close = difflib.get_close_matches(key.to_user_string(), known, n=3)
             warnings.append(f"{where} is not an asset of this code location"
                             + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
