@@ -352,8 +352,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     storage_kind = "s3" if (spec.sink.path or "").startswith("s3://") else "parquet"
 
     @_stage_asset(spec, "raw", pdef,
-                  f"Read: rows of {spec.source.format} source `{spec.source.path}` for the partition, streamed, "
-                  "with a stable row id and their file/row of origin.",
+                  f"Read: rows of {spec.source.format} source `{spec.source.path}` for the partition"
+                  + (f" (written by asset `{spec.source.asset}`)" if spec.source.asset else "")
+                  + ", streamed, with a stable row id and their file/row of origin.",
                   {spec.source.format, "pyarrow"}, {STORAGE_KEY})
     def raw(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)

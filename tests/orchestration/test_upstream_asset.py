@@ -172,3 +172,45 @@ def test_on_upstream_update_needs_an_upstream_asset(tmp_path: Path) -> None:
     raw = daily_spec(tmp_path / "days", tmp_path / "model.log", automation={"condition": "on_upstream_update"})
     with pytest.raises(SpecError, match="name that asset in source.asset"):
         parse_spec(raw)
+
+
+@pytest.mark.slow
+def test_a_component_pipeline_on_a_project_asset_is_listed_with_its_edge_by_dg(tmp_path: Path) -> None:
+    """Component attributes take source.asset like a spec file: in a project whose defs folder holds the user's own
+    asset and a BatchInferencePipeline reading it, `dg check defs` passes and `dg list defs` lists the edge and the
+    pipeline's automation sensor."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.daemon_helpers import project_copy
+
+    project = project_copy(tmp_path / "project")
+    defs_dir = project / "batch_assets" / "defs"
+    (defs_dir / "app_reviews").mkdir()
+    (defs_dir / "app_reviews" / "assets.py").write_text(
+        "import dagster as dg\n\n\n"
+        "@dg.asset(partitions_def=dg.DailyPartitionsDefinition(start_date='2026-11-01'))\n"
+        "def raw_app_reviews() -> None:\n    ...\n")
+    raw = spec_dict(tmp_path)
+    raw["name"] = "review_docs"
+    (defs_dir / "review_docs").mkdir()
+    (defs_dir / "review_docs" / "defs.yaml").write_text(yaml.safe_dump(
+        {"type": "batch_assets.components.BatchInferencePipeline", "attributes": raw}, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k != "BATCH_PIPELINES_DIR"}
+    env["PYTHONPATH"] = str(project)  # the copy's package, not the checkout's
+    dg_cli = str(Path(sys.executable).with_name("dg"))
+
+    def dg_run(*args: str) -> str:
+        done = subprocess.run([dg_cli, *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    assert "All definitions loaded successfully" in dg_run("check", "defs")
+    listed = json.loads(dg_run("list", "defs", "--json"))
+    assets = {a["asset_key"]: a for a in listed["assets"]}
+    assert assets["review_docs/raw"]["dependency_keys"] == ["raw_app_reviews"]
+    assert assets["raw_app_reviews"]["is_executable"]
+    assert "review_docs_automation_sensor" in {s["name"] for s in listed["sensors"]}
