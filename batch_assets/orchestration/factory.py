@@ -336,7 +336,7 @@ def _stage_asset(
         backfill_policy=backfill_policy(spec),
         retry_policy=step_retry_policy(spec),
         code_version=stage_code_version(spec, stage),
-        automation_condition=automation_condition(spec),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
+        automation_condition=automation_condition(spec, stage),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
         required_resource_keys=required,
         check_specs=check_specs,
         op_tags=op_tags,
