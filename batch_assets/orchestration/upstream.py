@@ -51,6 +51,8 @@ def mapping_problem(spec: PipelineSpec, upstream: dg.PartitionsDefinition | None
     name = spec.source.asset
     fix = (f"partition the pipeline as {name!r} is (partitioning in the spec), or partition {name!r} as the "
            "pipeline is")
+    if upstream == mine:  # the same definition (any kind, multi-dimensional ones too): K maps to K
+        return None
     if upstream is None:
         return (f"{name!r} is unpartitioned, the pipeline is partitioned by {_describe(mine)}: there is no "
                 f"upstream partition to read for each of the pipeline's; partition {name!r} (one file per "
