@@ -110,7 +110,13 @@ def with_versions(files: Iterable[SourceFile], storage: ArrowStorage) -> list[So
     """The files with their content versions (a local file is read only when its stat changed since it was last
     hashed; S3: the ETag or checksum, no download)."""
     root = storage.resolved_root()
-    return [replace(f, version=content_version(f.url, f.info, cache_root=root)) for f in files]
+    found = []
+    for f in files:
+        try:
+            found.append(replace(f, version=content_version(f.url, f.info, cache_root=root)))
+        except FileNotFoundError:  # removed since the listing (a writer's rename, a clean-up): not data any more
+            continue
+    return found
 
 
 def ready_files(spec: PipelineSpec, files: Iterable[SourceFile], now: float) -> list[SourceFile]:
