@@ -29,7 +29,7 @@ import dagster as dg
 from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
-from batch_assets.orchestration.upstream import upstream_problems
+from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import DEFAULT_STORAGE_ROOT, ArrowStorage, check_root_for_executor
 
@@ -46,10 +46,6 @@ log = logging.getLogger(__name__)
 
 class BrokenPipelineWarning(UserWarning):
     """A pipeline spec could not be loaded; the other pipelines of the code location still are."""
-
-
-class UpstreamAssetWarning(UserWarning):
-    """A pipeline's source.asset is not an asset of this code location (it may be one of another location's)."""
 
 
 @dataclass(frozen=True)
@@ -151,18 +147,6 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
     return check_upstream_sources(dg.Definitions.merge(shared, pipelines))
 
-
-def check_upstream_sources(defs: dg.Definitions) -> dg.Definitions:
-    """`defs`, once every pipeline's source.asset is an asset of it whose partitions map onto the pipeline's
-    (batch_assets/orchestration/upstream.py); else a SpecError naming each pipeline, what does not fit and the fix.
-    A project that gathers the pipelines into its own Definitions calls it on them."""
-    problems, doubts = upstream_problems(defs, pipeline_specs(defs))
-    for doubt in doubts:
-        log.warning(doubt)
-        warnings.warn(doubt, UpstreamAssetWarning, stacklevel=2)
-    if problems:
-        raise SpecError("upstream assets (source.asset) do not fit:\n" + "\n".join(f"- {p}" for p in problems))
-    return defs
 
 
 defs = build_definitions(*load_all_specs(), components="BATCH_PIPELINES_DIR" not in os.environ)

@@ -7,9 +7,10 @@ upstream asset writes them, and the content version of each file (lineage.py) de
 to do.
 
 What the spec alone cannot know, the whole code location can: `upstream_problems` checks that the key is an asset
-of the code location and that its partitions map onto the pipeline's. batch_assets/definitions.py
-(`check_upstream_sources`) runs it on the code location it builds, before Dagster would stop at the first mapping
-it cannot use with a message that names neither the pipeline nor the fix.
+of the code location and that its partitions map onto the pipeline's. `check_upstream_sources`
+(upstream_checks.py) runs it on a code location's Definitions (batch_assets/definitions.py on the product's own),
+before Dagster would stop at the first mapping it cannot use with a message that names neither the pipeline nor
+the fix.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from batch_assets.definitions import UpstreamAssetWarning, check_upstream_sources
+from batch_assets.orchestration.upstream_checks import UpstreamAssetWarning, check_upstream_sources
 from batch_assets.orchestration.automation import automation_sensor_name
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
 from batch_assets.orchestration.launch import launch_definitions
