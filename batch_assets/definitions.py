@@ -35,6 +35,7 @@ import batch_assets.defs as component_defs_package
 from batch_assets.orchestration.executors import local_executor
 from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor
@@ -144,7 +145,7 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
     pipelines = dg.Definitions.merge(*per_pipeline) if per_pipeline else dg.Definitions()
     shared = dg.Definitions(resources={STORAGE_KEY: DEFAULT_STORAGE},
                             assets=[broken_spec_asset(b, n) for b, n in zip(broken, names)])
-    return dg.Definitions.merge(shared, pipelines, executor_definitions(pipelines))
+    return check_upstream_sources(dg.Definitions.merge(shared, pipelines, executor_definitions(pipelines)))
 
 
 def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definitions:

@@ -78,6 +78,20 @@ class SourceSpec(_Strict):
         description="csv / jsonl: bytes parsed at a time (memory per block). A line longer than this still reads: "
         "the block grows to hold it.",
     )
+    asset: str | None = Field(
+        default=None,
+        description="An asset of your Dagster project whose partitions this pipeline reads: its key (\"a/b\" for a "
+        "multi-part key); `path` says where it writes each partition ({partition}). The pipeline's raw asset "
+        "depends on it in the asset graph (partition_mapping) and, unless the spec has `automation:` (or a "
+        "schedule or sensor), runs when it is materialized (declarative automation: automation.condition "
+        "on_upstream_update), once per content of the upstream partition. See docs/reading-data.md.",
+    )
+    partition_mapping: Literal["identity"] = Field(
+        default="identity",
+        description="source.asset: how the upstream asset's partitions map to this pipeline's. identity: partition "
+        "K reads upstream partition K, so both assets need the same partitions (the same daily start and "
+        "timezone, the same static keys, or dynamic partitions named after this pipeline).",
+    )
 
 
 class PartitionDimensionSpec(_Strict):
@@ -536,8 +550,10 @@ class AutomationSpec(_Strict):
     automation sensor evaluates the condition and launches what it asks for. Lineage records still make every run
     skip a partition already made from the same source and spec, so a requested run never pays twice."""
 
-    condition: Literal["on_missing", "on_cron"] = Field(
-        description="on_missing (Dagster's AutomationCondition.on_missing()): materialize each partition that "
+    condition: Literal["on_missing", "on_cron", "on_upstream_update"] = Field(
+        description="on_upstream_update (the default with source.asset): run a partition each time the upstream "
+        "asset's partition is materialized (Dagster's any_deps_updated, not limited to the newest day), once per "
+        "request; a partition whose upstream bytes did not change skips every stage (no model call). on_missing (Dagster's AutomationCondition.on_missing()): materialize each partition that "
         "appears after automation is switched on, once (daily: each day as it ends; dynamic: each key added; static "
         "from files: each new file's, at the next code location reload), when "
         "it has never been materialized in this Dagster instance; partitions already missing at switch-on are a "
@@ -799,6 +815,7 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              "source.path; this pipeline has no per-file partitions"))
         if spec.sensor.ready == "marker" and "/" in spec.sensor.marker:
             problems.append(("sensor.marker", "the marker is a file name in the data file's folder, not a path"))
+    problems += _upstream_asset_problems(spec)
     auto = spec.automation
     if auto is not None:
         others = [name for name in ("schedule", "sensor") if getattr(spec, name) is not None]
@@ -807,6 +824,9 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                              f"`{'`/`'.join(others)}:`. Dagster's automation sensor does not see what a schedule "
                              "or sensor is about to request (nor they what it requests), so both would launch the "
                              "same partitions; on_missing covers a sensor's new partitions, on_cron a schedule"))
+        if auto.condition == "on_upstream_update" and not spec.source.asset:
+            problems.append(("automation.condition", "on_upstream_update runs the pipeline when its upstream asset "
+                             "is materialized: name that asset in source.asset"))
         if auto.condition == "on_cron":
             if not auto.cron:
                 problems.append(("automation.cron", "on_cron needs a cron string, like '0 2 * * *'"))
@@ -816,12 +836,12 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
                 ZoneInfo(auto.timezone or part.day_timezone())
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
-        elif part.kind == "hash" or (part.kind == "static" and part.keys):
+        elif auto.condition == "on_missing" and (part.kind == "hash" or (part.kind == "static" and part.keys)):
             problems.append(("automation.condition", "on_missing requests partitions that appear after it is "
                              f"switched on, and this pipeline's partitions never change ({part.kind}"
                              f"{' keys listed in the spec' if part.kind == 'static' else ' shards'}): it would "
                              "never launch anything. Use a backfill for the partitions there are, or on_cron"))
-        if auto.condition == "on_missing" and (auto.cron or auto.timezone):
+        if auto.condition != "on_cron" and (auto.cron or auto.timezone):
             problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
     return problems
 
@@ -923,6 +943,38 @@ def _multi_override_problems(dims: list[PartitionDimensionSpec], overrides: dict
                 except ValueError:
                     problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a day "
                                      f"(YYYY-MM-DD) of dimension {dim.name!r}; keys are {shape}"))
+
+
+ASSET_KEY_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
+
+
+def _upstream_asset_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
+    """source.asset: a key Dagster accepts, partitions that can map one to one, and one launcher. Whether the key
+    exists and its partitions match are known only with the whole code location: orchestration/upstream.py."""
+    asset, part = spec.source.asset, spec.partitioning
+    if asset is None:
+        return []
+    problems: list[tuple[str, str]] = []
+    parts = asset.split("/")
+    if not all(ASSET_KEY_PART.match(p) for p in parts):
+        problems.append(("source.asset", f"{asset!r} is not an asset key: name parts of letters, digits and _ "
+                         "joined by '/' (e.g. raw_app_reviews or reviews/raw)"))
+    elif parts[0] == spec.name:
+        problems.append(("source.asset", f"{asset!r} is one of this pipeline's own assets: name the asset of your "
+                         "project that writes the source files"))
+    if part.kind == "hash":
+        problems.append(("source.asset", "hash shards have no upstream partition to map to: partition the "
+                         "pipeline as the upstream asset is (daily, static or dynamic), or drop source.asset"))
+    elif PARTITION_TOKEN not in spec.source.path and not (
+            part.kind == "multi" and {d.name for d in part.dimensions or []} <= set(PLACEHOLDER_RE.findall(spec.source.path))):
+        problems.append(("source.path", f"with source.asset, the path says where the upstream asset writes each "
+                         f"partition: put {PARTITION_TOKEN} in it (e.g. data/{parts[-1]}/{PARTITION_TOKEN}.jsonl; "
+                         "two-dimensional partitions: each {<dimension>})"))
+    others = [name for name in ("schedule", "sensor") if getattr(spec, name) is not None]
+    if others:
+        problems.append(("source.asset", f"the pipeline runs when {asset!r} is materialized (declarative "
+                         f"automation); `{'`/`'.join(others)}:` would launch the same partitions again: drop it, "
+                         "or set `automation:` to choose another condition"))
     return problems
 
 

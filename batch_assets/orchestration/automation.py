@@ -14,6 +14,16 @@ partition is requested at every stage at once and the sensor launches it as one 
   (dagster.yaml) or re-executed by hand.
 - `on_cron`: `AutomationCondition.on_cron(cron, timezone)`: at every tick, each partition (daily: the newest day)
   is requested once its upstream stage has updated since the tick.
+- `on_upstream_update` (the default when `source.asset` names an asset of the user's project, and the spec has no
+  `automation:`, `schedule:` or `sensor:`): the raw asset depends on that asset (factory.py, an `AssetDep` with the
+  partition mapping) and a partition is requested each time the upstream's partition updates after the last
+  request (`on_upstream_update` below), not while a dependency is missing or in progress, nor while the partition
+  is in progress. Unlike `eager()` it is not limited to the newest time window: re-materializing an older upstream
+  day runs that day too. Each stage sees its upstream stage requested in the same evaluation, so
+  the four stages run as one run. Dagster knows only that the upstream was materialized, not whether its bytes
+  changed: a re-materialization with byte-identical output still launches a run, and in it every stage finds
+  its lineage record made from the same content (lineage.py, versions by content) and is skipped: no model
+  call, nothing re-written.
 
 Dagster's conditions know only what the instance has seen materialized, not whether a partition was already made
 from the same source file and spec elsewhere (a CLI run against another instance, a rewritten file). That is
@@ -25,16 +35,52 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec import AutomationSpec, PipelineSpec
 
 
-def automation_condition(spec: PipelineSpec) -> dg.AutomationCondition | None:
-    """The condition the spec's `automation:` section asks for, for each of the pipeline's assets."""
-    auto = spec.automation
+def effective_automation(spec: PipelineSpec) -> AutomationSpec | None:
+    """The spec's `automation:`, or on_upstream_update for a pipeline reading an upstream asset that has no
+    launcher of its own (the spec refuses a schedule or sensor beside source.asset)."""
+    if spec.automation is not None:
+        return spec.automation
+    if spec.source.asset and spec.schedule is None and spec.sensor is None:
+        return AutomationSpec(condition="on_upstream_update")
+    return None
+
+
+def on_upstream_update(stage: str) -> dg.AutomationCondition:
+    """eager() without its newest-time-window limit and without newly_missing. The raw asset is requested when
+    the upstream asset's partition updates after the raw asset was last requested; each later stage whenever its
+    upstream stage is requested in the same evaluation (or has updated since the stage was last handled).
+
+    Why not `any_deps_updated().since_last_handled()` for raw: Dagster resolves a tick where both the trigger and
+    the reset fired by their timestamps only for conditions that carry them (newly_updated, newly_requested), not
+    through and/or; with since_last_handled an upstream re-materialization between the pipeline's request and its
+    next evaluation, or while its run was still going, was dropped, and so were the later stages of the run that
+    followed (tests/orchestration/test_upstream_asset.py)."""
+    if stage == "raw":
+        trigger = dg.AutomationCondition.any_deps_match(dg.AutomationCondition.newly_updated()).since(
+            dg.AutomationCondition.newly_requested())
+    else:  # requested with its upstream stage in one evaluation (one run), whatever the since-state says
+        trigger = (dg.AutomationCondition.any_deps_match(dg.AutomationCondition.will_be_requested())
+                   | dg.AutomationCondition.any_deps_updated().since_last_handled())
+    return (
+        trigger
+        & ~dg.AutomationCondition.any_deps_missing()
+        & ~dg.AutomationCondition.any_deps_in_progress()
+        & ~dg.AutomationCondition.in_progress()
+    ).with_label("on_upstream_update")
+
+
+def automation_condition(spec: PipelineSpec, stage: str) -> dg.AutomationCondition | None:
+    """The condition the spec's `automation:` section asks for, for the pipeline's asset `stage`."""
+    auto = effective_automation(spec)
     if auto is None:
         return None
     if auto.condition == "on_missing":
         return dg.AutomationCondition.on_missing()
+    if auto.condition == "on_upstream_update":
+        return on_upstream_update(stage)
     assert auto.condition == "on_cron" and auto.cron  # checked by the spec
     return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or spec.partitioning.day_timezone())
 
@@ -45,7 +91,7 @@ def automation_sensor_name(spec: PipelineSpec) -> str:
 
 def build_automation_sensor(spec: PipelineSpec) -> dg.AutomationConditionSensorDefinition | None:
     """The sensor that evaluates the pipeline's conditions (the daemon runs it, like any sensor)."""
-    auto = spec.automation
+    auto = effective_automation(spec)
     if auto is None:
         return None
     return dg.AutomationConditionSensorDefinition(

@@ -34,6 +34,7 @@ from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_
 from batch_assets.orchestration.progress import PartitionProgress
 from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.stopping import stoppable
+from batch_assets.orchestration.upstream import upstream_dep
 from batch_assets.orchestration.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
@@ -181,9 +182,14 @@ def _skip_or_run(context: dg.AssetExecutionContext, spec: PipelineSpec, storage:
     if record is not None:
         context.log.info(f"{spec.name}/{stage} [{key}]: already made by {lineage.describe(record)} from the same "
                          f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes it)")
-        return _skipped_report(spec, stage, key, record)
+        report = _skipped_report(spec, stage, key, record)
+        if stage == STAGES[0] and inputs.source_version:
+            report.extra["source_version"] = inputs.source_version
+        return report
     lineage.forget(storage, spec.name, stage, key)
     report = stage_fn(key)
+    if stage == STAGES[0] and inputs.source_version:  # shown per partition; the raw asset's data version
+        report.extra["source_version"] = inputs.source_version
     lineage.write_record(storage, spec.name, stage, key,
                          lineage.new_record(inputs, context.run_id, report.path, report.rows_out, report.extra))
     return report
@@ -316,7 +322,10 @@ def _stage_asset(
 ):
     """The asset decorator of one stage; its body runs under `stop_means_stop` (orchestration/stopping.py): a
     Terminate, SIGTERM or Ctrl-C stops it (and the model resource `stops`), never retried."""
-    deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])] if stage != "raw" else []
+    if stage != "raw":
+        deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])]
+    else:  # source.asset: the user's asset that writes the source files (orchestration/upstream.py)
+        deps = [dep] if (dep := upstream_dep(spec)) is not None else []
     asset = dg.asset(
         key=dg.AssetKey([spec.name, stage]),
         deps=deps,
@@ -327,7 +336,7 @@ def _stage_asset(
         backfill_policy=backfill_policy(spec),
         retry_policy=step_retry_policy(spec),
         code_version=stage_code_version(spec, stage),
-        automation_condition=automation_condition(spec),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
+        automation_condition=automation_condition(spec, stage),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
         required_resource_keys=required,
         check_specs=check_specs,
         op_tags=op_tags,
@@ -343,8 +352,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     storage_kind = "s3" if (spec.sink.path or "").startswith("s3://") else "parquet"
 
     @_stage_asset(spec, "raw", pdef,
-                  f"Read: rows of {spec.source.format} source `{spec.source.path}` for the partition, streamed, "
-                  "with a stable row id and their file/row of origin.",
+                  f"Read: rows of {spec.source.format} source `{spec.source.path}` for the partition"
+                  + (f" (written by asset `{spec.source.asset}`)" if spec.source.asset else "")
+                  + ", streamed, with a stable row id and their file/row of origin.",
                   {spec.source.format, "pyarrow"}, {STORAGE_KEY})
     def raw(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
@@ -368,7 +378,12 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             reports = run_partitions_together(context, spec, together)
         else:
             reports = run_partitions(context, spec, one)
-        return dg.MaterializeResult(metadata=run_totals(reports))
+        # The data version is the content version of the partition's source files (lineage.py): the same bytes
+        # re-materialized upstream give the same version. One per event, so only for a one-partition run; a
+        # range's partitions carry it in their `source_version` metadata.
+        version = reports[0].extra.get("source_version") if len(reports) == 1 else None
+        return dg.MaterializeResult(metadata=run_totals(reports),
+                                    data_version=dg.DataVersion(str(version)) if version else None)
 
     @_stage_asset(spec, "prepared", pdef,
                   "Prepare: renders each row's model input (prompt template / text column), flags empty inputs "

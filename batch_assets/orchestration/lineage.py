@@ -2,9 +2,15 @@
 
 After a stage commits a partition it leaves a small record beside the data,
 `<storage root>/<pipeline>/_lineage/<stage>/<partition>.json`: the **source version** the partition was made from
-(a digest of the partition's source files and their versions: S3 ETag or local mtime, and size; the same digest
-the sensor keeps in its cursor) and the stage's **code version** (a digest of every spec section the stage's output
-depends on, upstream stages' sections included: batch_assets/orchestration/factory.py `stage_code_version`).
+(a digest of the partition's source files and their content versions, batch_assets/stages/sources/versions.py: a
+file whose bytes did not change keeps its version whatever its mtime; the sensor keeps the same per-file versions
+in its cursor, and the raw asset reports the digest as its data version) and the stage's **code version** (a digest
+of every spec section the stage's output depends on, upstream stages' sections included:
+batch_assets/orchestration/factory.py `stage_code_version`).
+
+Records written before versions were by content hold the old digest (mtime or ETag, and size: `legacy_version`).
+A record that matches it, while the file is unchanged, is taken as made from today's content and rewritten with the
+content version, every stage's at once, so upgrading re-runs (and pays for) nothing.
 
 A stage whose record matches what it would make now (same source version, same code version, the file still
 there) is skipped: the run records the partition as materialized with `skipped` metadata saying which run made it,
@@ -37,6 +43,7 @@ from typing import Any
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import partitions_def_for, resolve_partition
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
 from batch_assets.resources.custom.loading import import_object
 
@@ -50,7 +57,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "inferred": ("source", "partitioning", "prepare", "task", "model"),
     "output": ("source", "partitioning", "prepare", "task", "model", "sink"),
 }
-SPEED_ONLY_FIELDS = {"source": {"batch_rows"}}
+# Also left out: source.asset and partition_mapping say which Dagster asset writes the files, not what is read
+# (source.path is); with them in the digest, adding the fields would have made every existing pipeline stale.
+SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"
 STAGES = ("raw", "prepared", "inferred", "output")
@@ -96,15 +105,30 @@ def file_modified(info: dict[str, Any]) -> float:
 
 
 def file_version(info: dict[str, Any]) -> str:
-    """A digest of one file's version: its ETag (S3) or mtime, and its size. Changes when the file is rewritten."""
+    """The version records and sensor cursors held before versions were by content: ETag (S3) or mtime, and size.
+    Only to recognise those (legacy_source_version); a file's version is `content_version`."""
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
     basis = f"{etag}|{info.get('size')}" if etag else f"{file_modified(info)!r}|{info.get('size')}"
     return hashlib.blake2b(basis.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def source_version(spec: PipelineSpec, key: str) -> str | None:
-    """The digest of the partition's source files and their versions now; None when they cannot be listed
-    (the read stage then fails with the reason)."""
+def source_version(spec: PipelineSpec, key: str, storage: ArrowStorage | None = None) -> str | None:
+    """The digest of the partition's source files and their content versions now (a local file is hashed only
+    when its stat changed; S3 answers from the ETag or checksum: batch_assets/stages/sources/versions.py); None
+    when they cannot be listed (the read stage then fails with the reason). `storage`: whose root keeps the cache
+    of local digests."""
+    root = (storage or ArrowStorage()).resolved_root()
+    try:
+        files = resolve_partition(spec, key).files
+        parts = [f"{url}={content_version(url, cache_root=root)}" for url in sorted(files)]
+    except (PipelineError, OSError):
+        return None
+    return "c-" + hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def legacy_source_version(spec: PipelineSpec, key: str) -> str | None:
+    """The digest records held before versions were by content (file mtime or ETag, and size): only to recognise
+    a record made from the files as they still are (module docstring)."""
     try:
         files = resolve_partition(spec, key).files
     except (PipelineError, OSError):
@@ -149,15 +173,17 @@ def write_record(storage: ArrowStorage, pipeline: str, stage: str, key: str, rec
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a stage's partition would be made from now."""
+    """What a stage's partition would be made from now. `legacy_version`: the same files' digest as records
+    held it before versions were by content, to recognise such a record (module docstring)."""
 
     source_version: str | None
     code_version: str
+    legacy_version: str | None = None
 
 
 def inputs_for(spec: PipelineSpec, storage: ArrowStorage, stage: str, key: str, code_version: str) -> Inputs:
     if stage == STAGES[0]:
-        return Inputs(source_version(spec, key), code_version)
+        return Inputs(source_version(spec, key, storage), code_version, legacy_source_version(spec, key))
     upstream = read_record(storage, spec.name, STAGES[STAGES.index(stage) - 1], key)
     return Inputs(upstream.get("source_version") if upstream else None, code_version)
 
@@ -167,13 +193,28 @@ def matching(storage: ArrowStorage, pipeline: str, stage: str, key: str, inputs:
     if inputs.source_version is None:
         return None
     record = read_record(storage, pipeline, stage, key)
-    if not record or record.get("source_version") != inputs.source_version \
-            or record.get("code_version") != inputs.code_version:
+    if not record or record.get("code_version") != inputs.code_version:
+        return None
+    legacy = inputs.legacy_version is not None and record.get("source_version") == inputs.legacy_version
+    if record.get("source_version") != inputs.source_version and not legacy:
         return None
     path = record.get("path")
     if not path or not exists(path):
         return None
+    if legacy:
+        _adopt_content_version(storage, pipeline, key, inputs.legacy_version, inputs.source_version)
+        record = {**record, "source_version": inputs.source_version}
     return record
+
+
+def _adopt_content_version(storage: ArrowStorage, pipeline: str, key: str, legacy: str | None, content: str | None
+                           ) -> None:
+    """Every stage's record of the partition made from `legacy` (the files as they still are) now says
+    `content`: later stages, which compare with their upstream stage's record, keep matching."""
+    for stage in STAGES:
+        record = read_record(storage, pipeline, stage, key)
+        if record is not None and record.get("source_version") == legacy:
+            write_record(storage, pipeline, stage, key, {**record, "source_version": content})
 
 
 _UNSET: Any = object()
@@ -184,8 +225,8 @@ def published(spec: PipelineSpec, storage: ArrowStorage, key: str, version: str 
     """The output's record when the partition's published output already matches its current source and spec
     (what a sensor or schedule asks before requesting a run); else None. `version`: the source version, when the
     caller has it already."""
-    version = source_version(spec, key) if version is _UNSET else version
-    inputs = Inputs(version, stage_code_version(spec, "output"))
+    version = source_version(spec, key, storage) if version is _UNSET else version
+    inputs = Inputs(version, stage_code_version(spec, "output"), legacy_source_version(spec, key))
     return matching(storage, spec.name, "output", key, inputs)
 
 

@@ -74,7 +74,7 @@ def _request_or_skip(context: dg.ScheduleEvaluationContext, spec: PipelineSpec, 
     if busy is not None:  # a sensor, a backfill or a user is making this day now
         return f"day {key} is being made by {lineage.launched_by(busy)}; not launched twice"
     storage = getattr(context.resources, STORAGE_KEY)
-    version = lineage.source_version(spec, key)
+    version = lineage.source_version(spec, key, storage)
     record = lineage.published(spec, storage, key, version)
     if record is not None:
         return (f"day {key} is already published from the same source and spec (made by "

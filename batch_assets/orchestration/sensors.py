@@ -6,10 +6,13 @@ partitioning each dimension's placeholder is a wildcard (`data/reviews/{date}/{a
 date and app joined as Dagster spells multi keys (`android|2026-11-02`), and a new key of a dynamic dimension is
 added to that dimension.
 
-- Exactly once per file version: the cursor maps each file to a digest of its version (S3 ETag or local mtime,
-  plus size). A file is requested when its digest differs from the cursor's, so a file rewritten in place is
-  processed once more, and the run key `<partition>@<digest>` makes Dagster drop a repeated request even if a
-  tick were evaluated twice. The daemon stores the cursor in the instance, so a restart repeats nothing.
+- Exactly once per file content: the cursor maps each file to its content version
+  (batch_assets/stages/sources/versions.py: a local file's digest, hashed again only when its stat changed; on S3
+  the ETag or the object's checksum). A file is requested when its version differs from the cursor's, so a file
+  rewritten with other bytes is processed once more, and one touched, copied over or re-uploaded with the same
+  bytes is not; the run key `<partition>@<digest>` makes Dagster drop a repeated request even if a tick were
+  evaluated twice. The daemon stores the cursor in the instance, so a restart repeats nothing. Only files that
+  are ready (below) are hashed: a file still being written costs a listing, not a read.
 - Never half-written: `ready: min_age` waits until a file has been unchanged for `min_age_seconds`; `ready:
   marker` waits for a `_SUCCESS` marker in the file's folder at least as new as the file. Names starting with
   `.` or `_` (temporary and marker files) are never data.
@@ -30,7 +33,7 @@ import re
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dagster as dg
@@ -39,10 +42,11 @@ from batch_assets.errors import PipelineError
 from batch_assets.orchestration import claims, lineage
 from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.lineage import file_modified, file_version
+from batch_assets.orchestration.lineage import file_modified
 from batch_assets.orchestration.sample_data import ensure_sample
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
 from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
+from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, filesystem_for
 
 SOURCE_FILE_TAG = "batch/source_file"
@@ -54,8 +58,9 @@ WAITING_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
 class SourceFile:
     url: str
     key: str
-    version: str  # digest of ETag / mtime and size: changes when the file is rewritten
     modified: float  # seconds since the epoch
+    info: dict[str, Any] = field(compare=False, repr=False)  # the listing's: S3 answers its ETag from it
+    version: str = ""  # content version (with_versions): changes only when the bytes change
 
 
 def sensor_name(spec: PipelineSpec) -> str:
@@ -76,7 +81,7 @@ def decode_cursor(cursor: str | None) -> dict[str, str]:
     return json.loads(zlib.decompress(base64.b64decode(cursor[len(CURSOR_PREFIX):])))
 
 
-_modified, _version = file_modified, file_version
+_modified = file_modified
 
 
 def _placeholders(spec: PipelineSpec) -> list[str]:
@@ -125,8 +130,21 @@ def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
             continue  # temporary files of atomic writers, markers
         match = matcher.match(name)
         if match:
-            files.append(SourceFile(scheme + name, _file_key(spec, match, names), _version(info), _modified(info)))
+            files.append(SourceFile(scheme + name, _file_key(spec, match, names), _modified(info), info))
     return sorted(files, key=lambda f: (f.modified, f.url))
+
+
+def with_versions(files: Iterable[SourceFile], storage: ArrowStorage) -> list[SourceFile]:
+    """The files with their content versions (a local file is read only when its stat changed since it was last
+    hashed; S3: the ETag or checksum, no download)."""
+    root = storage.resolved_root()
+    found = []
+    for f in files:
+        try:
+            found.append(replace(f, version=content_version(f.url, f.info, cache_root=root)))
+        except FileNotFoundError:  # removed since the listing (a writer's rename, a clean-up): not data any more
+            continue
+    return found
 
 
 def ready_files(spec: PipelineSpec, files: Iterable[SourceFile], now: float) -> list[SourceFile]:
@@ -163,12 +181,15 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
         context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
     seen = decode_cursor(context.cursor)
     listing = list_source_files(spec)
-    changed = [f for f in listing if seen.get(f.url) != f.version]
-    if not changed:
-        return dg.SkipReason(f"no new or rewritten files under {spec.source.path}")
-    ready = ready_files(spec, changed, time.time())
+    complete = ready_files(spec, listing, time.time())
+    # hashed only once ready: a file still being written would be read again at every tick
+    ready = [f for f in with_versions(complete, storage) if seen.get(f.url) != f.version]
     if not ready:
-        return dg.SkipReason(f"{len(changed)} new file(s) still being written (ready: {cfg.ready})")
+        done = {f.url for f in complete}
+        pending = [f for f in listing if f.url not in done]
+        if pending:
+            return dg.SkipReason(f"{len(pending)} new or modified file(s) still being written (ready: {cfg.ready})")
+        return dg.SkipReason(f"no new or rewritten files under {spec.source.path} (same bytes: same version)")
     waiting = context.instance.get_runs_count(dg.RunsFilter(job_name=job_name, statuses=WAITING_STATUSES))
     budget = min(cfg.max_runs_per_tick, cfg.max_queued_runs - waiting)
     if budget <= 0:
@@ -191,7 +212,7 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
             rejected.append(key)
             _mark_seen(seen, key_files)
             continue
-        version = lineage.source_version(spec, key)
+        version = lineage.source_version(spec, key, storage)
         record = lineage.published(spec, storage, key, version)
         if record is not None:  # already published from this very file version (a backfill, a schedule, the UI)
             adopted[key] = record

@@ -216,3 +216,33 @@ def test_a_schedule_and_a_sensor_evaluated_at_the_same_moment_request_a_day_once
         run_pipeline(spec, store, [DAYS[1]], instance=instance)  # the schedule's run
         after = ticker.tick()
         assert not after.run_requests and "adopted" in (after.skip_message or ""), after.skip_message
+
+
+def test_a_touched_day_is_not_inferred_again_and_records_from_before_content_versions_are_kept(
+        tmp_path: Path) -> None:
+    """Versions by content: a day re-written with the same bytes (a new mtime) is skipped at every stage. Records
+    written before versions were by content (an mtime-based digest) still match while the file is as it was,
+    and are rewritten with the content version, so upgrading pays nothing, then or after a later touch."""
+    raw = _spec(tmp_path)
+    spec, store, log = parse_spec(raw), tmp_path / "store", tmp_path / "model.log"
+    storage = ArrowStorage(root=str(store))
+    day_file = tmp_path / "days" / f"{DAYS[0]}.jsonl"
+    with dg.instance_for_test() as instance:
+        run_pipeline(spec, store, DAYS, instance=instance)
+        assert len(model_trace(log)[1]) == 6
+        day_file.write_bytes(day_file.read_bytes())  # the upstream re-materialized the day: same bytes
+        run_pipeline(spec, store, [DAYS[0]], instance=instance)
+        assert len(model_trace(log)[1]) == 6, "a touched file was inferred again"
+
+        legacy = lineage.legacy_source_version(spec, DAYS[1])  # records as the previous release wrote them
+        for stage in STAGES:
+            record = lineage.read_record(storage, spec.name, stage, DAYS[1])
+            lineage.write_record(storage, spec.name, stage, DAYS[1], {**record, "source_version": legacy})
+        run_pipeline(spec, store, [DAYS[1]], instance=instance)  # the first launch after upgrading
+        assert len(model_trace(log)[1]) == 6, "an upgrade re-inferred a day made from the same file"
+        current = lineage.source_version(spec, DAYS[1], storage)
+        assert {lineage.read_record(storage, spec.name, s, DAYS[1])["source_version"] for s in STAGES} == {current}
+        later = time.time() + 5
+        os.utime(tmp_path / "days" / f"{DAYS[1]}.jsonl", (later, later))  # and a touch after the upgrade
+        run_pipeline(spec, store, [DAYS[1]], instance=instance)
+        assert len(model_trace(log)[1]) == 6

@@ -270,3 +270,41 @@ def test_a_per_day_file_with_a_row_of_another_day_fails_or_keeps_it_as_configure
     assert "2026-11-02.jsonl" in message and "day_check: keep" in message
     spec["partitioning"]["day_check"] = "keep"
     assert run_pipeline(parse_spec(spec), tmp_path / "store", ["2026-11-02"]).success
+
+
+def test_a_touched_file_is_not_requested_again_and_a_changed_byte_is(tmp_path: Path) -> None:
+    """Versions by content: re-materializing a day with byte-identical output (a new mtime) requests nothing;
+    one changed byte requests the partition once more."""
+    path = drop(tmp_path / "in", "q1", rows=2, age_s=120)
+    with dg.instance_for_test() as instance:
+        ticker = Ticker(instance, inbox_spec(str(tmp_path / "in")))
+        [first] = ticker.tick().run_requests
+        path.write_bytes(path.read_bytes())  # rewritten with the same bytes
+        stamp = time.time() - 60
+        os.utime(path, (stamp, stamp))
+        untouched = ticker.tick()
+        assert not untouched.run_requests, "the same bytes were requested again"
+        assert "no new or rewritten files" in untouched.skip_message
+        path.write_bytes(path.read_bytes().replace(b"q1-1", b"q1-2"))  # one byte changed, same size
+        os.utime(path, (stamp, stamp))
+        [second] = ticker.tick().run_requests
+        assert second.partition_key == "q1" and second.run_key != first.run_key
+        assert not ticker.tick().run_requests
+
+
+def test_an_s3_object_re_uploaded_with_the_same_bytes_is_not_requested_again(s3_bucket: str) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, client_kwargs={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+    prefix = f"{s3_bucket}/landing"
+    body = b'{"doc_id": "1", "text": "x"}\n'
+    fs.pipe(f"{prefix}/a.jsonl", body)
+    with dg.instance_for_test() as instance:
+        ticker = Ticker(instance, inbox_spec(prefix, min_age_seconds=0))
+        [first] = ticker.tick().run_requests
+        time.sleep(1.1)  # a new LastModified second
+        fs.pipe(f"{prefix}/a.jsonl", body)  # re-uploaded: new LastModified, same bytes, same ETag
+        assert not ticker.tick().run_requests
+        fs.pipe(f"{prefix}/a.jsonl", body.replace(b"x", b"y"))
+        [second] = ticker.tick().run_requests
+        assert second.run_key != first.run_key
