@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, model_validator
 
 from batch_assets.spec_prepare import ColumnTransform, JoinSpec, TrialSpec, function_problem, join_output_problems
 from batch_assets.stages.sinks import SINKS, sink_for
@@ -578,6 +578,11 @@ class RetrySpec(_Strict):
 
 
 class PipelineSpec(_Strict):
+    # source.path / sink.path as the spec file wrote them, before anchor_local_paths made them absolute: the
+    # stages' code versions digest these, so moving the project (or upgrading from before paths were anchored)
+    # does not make every published partition stale and paid for again (orchestration/lineage.py).
+    _written_paths: dict[str, str] = PrivateAttr(default_factory=dict)  # anchored path -> as written
+
     name: str = Field(description="Identifier: lower case, digits and underscores.")
     description: str = ""
     source: SourceSpec
@@ -1009,11 +1014,19 @@ def anchor_local_paths(spec: PipelineSpec, origin: str | Path) -> PipelineSpec:
     to (storage.project_root(origin): the pyproject.toml/dg.toml project at or above the spec file or defs.yaml).
     Resolved once, at load: whoever runs the pipeline later (a step process, a sensor, the CLI, from any cwd) reads
     and writes the same files, and every error names them in full."""
-    if spec.source.path and not is_remote(spec.source.path):
-        spec.source.path = resolve_local(spec.source.path, origin)
-    if spec.sink.path and not is_remote(spec.sink.path):
-        spec.sink.path = resolve_local(spec.sink.path, origin)
+    for section in (spec.source, spec.sink):
+        if section.path and not is_remote(section.path):
+            anchored = resolve_local(section.path, origin)
+            spec._written_paths[anchored] = spec._written_paths.get(section.path, section.path)
+            section.path = anchored
     return spec
+
+
+def written_path(spec: PipelineSpec, section: str) -> str | None:
+    """source.path or sink.path as the spec wrote it (relative paths stay relative), for the code versions; a path
+    changed after load is taken as it is."""
+    path = getattr(spec, section).path
+    return spec._written_paths.get(path, path) if path else path
 
 
 def load_specs(folder: str | Path) -> list[PipelineSpec]:
