@@ -61,7 +61,7 @@ PROBES = [
     Probe("pattern (unanchored)", {"type": "string", "pattern": "[0-9]{3}"}, "abc", "123"),
     Probe("minimum", {"type": "integer", "minimum": 10}, 3, 12),
     Probe("maximum", {"type": "integer", "maximum": 20}, 99, 12),
-    Probe("multipleOf", {"type": "integer", "multipleOf": 3}, 4, 6),
+    Probe("multipleOf", {"type": "number", "multipleOf": 3}, 4, 6),
     Probe("minItems", {"type": "array", "items": {"type": "string"}, "minItems": 2}, ["x"], ["x", "y"]),
     Probe("maxItems", {"type": "array", "items": {"type": "string"}, "maxItems": 2}, ["x", "y", "z", "w"], ["x"]),
     Probe("format (date)", {"type": "string", "format": "date"}, "yesterday", "2026-11-01"),

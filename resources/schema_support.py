@@ -60,19 +60,14 @@ _ALL = {k: True for k in KEYWORDS}
 ENFORCEMENT: dict[str, dict[str, bool]] = {
     XGRAMMAR: {**_ALL, "maxLength/minLength with pattern or format": False, "multipleOf": False,
                "uniqueItems": False},
-    LLAMA_CPP: {**_ALL, "pattern without ^...$": False, "minimum/maximum": False,
+    # "pattern without ^...$": llama-cpp-python's server drops the whole schema for it, so the provider sends every
+    # pattern anchored (openai_api/payloads.py anchored_patterns), enforced then as a whole-string match
+    LLAMA_CPP: {**_ALL, "maxLength/minLength with pattern or format": False, "minimum/maximum": False,
                 "exclusiveMinimum/exclusiveMaximum": False, "multipleOf": False, "uniqueItems": False},
     OPENAI: {**_ALL, "maxLength": False, "minLength": False, "maxLength/minLength with pattern or format": False,
              "uniqueItems": False},
     VLLM: dict(_ALL),
 }
-
-# Said with the warning where not enforcing a keyword costs more than that keyword.
-CONSEQUENCES = {
-    (LLAMA_CPP, "pattern without ^...$"): "llama-cpp-python's server cannot convert it and silently drops the "
-    "WHOLE schema (any JSON is then allowed): anchor the pattern as '^...$'",
-}
-
 
 def _pattern_anchored(pattern: Any) -> bool:
     return isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$")
@@ -135,8 +130,7 @@ def unenforced(schema: dict[str, Any], backend: str) -> list[str]:
     lines = []
     for keyword, paths in found.items():
         where = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        consequence = CONSEQUENCES.get((backend, keyword))
-        lines.append(f"{keyword} (at {where})" + (f": {consequence}" if consequence else ""))
+        lines.append(f"{keyword} (at {where})")
     return lines
 
 

@@ -163,9 +163,29 @@ def drop_added_nulls(text: str, schema: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False) if dropped[0] else text
 
 
+def anchored_patterns(schema: Any) -> Any:
+    """`schema` with every `pattern` not written `^...$` sent as `^(...)$`, for llama.cpp's servers.
+
+    llama-cpp-python's grammar converter refuses an unanchored pattern, and its server then silently falls back to a
+    grammar for any JSON: the whole schema, not only the pattern, goes unenforced (measured:
+    bench/structured_enforcement.py). Anchored, the pattern must match the whole string, as xgrammar and vLLM
+    treat every pattern: a subset of what JSON Schema's search semantics accept, so an answer the grammar lets
+    through is still valid, and validation afterwards applies the pattern as written."""
+    if isinstance(schema, list):
+        return [anchored_patterns(sub) for sub in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: anchored_patterns(value) if key not in ("enum", "const", "default", "examples") else value
+           for key, value in schema.items()}
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and not (pattern.startswith("^") and pattern.endswith("$")):
+        out["pattern"] = "^(" + pattern.removeprefix("^").removesuffix("$") + ")$"
+    return out
+
+
 def _format_for(schema: dict[str, Any], mode: JsonSchemaMode, api: Api) -> dict[str, Any]:
     if mode == "json_object_schema":
-        return {"type": "json_object", "schema": schema}
+        return {"type": "json_object", "schema": anchored_patterns(schema)}
     if api == "responses":  # the Responses API flattens OpenAI's json_schema wrapper
         return {"type": "json_schema", "name": _schema_name(schema), "schema": schema, "strict": True}
     return {"type": "json_schema", "json_schema": {"name": _schema_name(schema), "schema": schema, "strict": True}}
