@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,7 @@ BACKEND_NAMES = {
 KEYWORDS = (
     "type", "enum", "const", "required", "additionalProperties", "nested objects", "arrays",
     "maxLength", "minLength", "maxLength/minLength with pattern or format", "pattern", "pattern without ^...$",
+    "pattern with look-arounds or back-references",
     "minimum/maximum", "exclusiveMinimum/exclusiveMaximum", "multipleOf", "minItems/maxItems", "uniqueItems",
     "format",
 )
@@ -62,12 +64,23 @@ ENFORCEMENT: dict[str, dict[str, bool]] = {
                "uniqueItems": False},
     # "pattern without ^...$": llama-cpp-python's server drops the whole schema for it, so the provider sends every
     # pattern anchored (openai_api/payloads.py anchored_patterns), enforced then as a whole-string match
+    # "pattern with look-arounds or back-references": no grammar can hold them; xgrammar and vLLM refuse the schema
+    # (the call fails, saying so), llama-cpp-python's server silently drops the whole schema instead
     LLAMA_CPP: {**_ALL, "maxLength/minLength with pattern or format": False, "minimum/maximum": False,
+                "pattern with look-arounds or back-references": False,
                 "exclusiveMinimum/exclusiveMaximum": False, "multipleOf": False, "uniqueItems": False},
     OPENAI: {**_ALL, "maxLength": False, "minLength": False, "maxLength/minLength with pattern or format": False,
              "uniqueItems": False},
     VLLM: dict(_ALL),
 }
+
+# Said with the warning where not enforcing a keyword costs more than that keyword.
+CONSEQUENCES = {
+    (LLAMA_CPP, "pattern with look-arounds or back-references"): "llama-cpp-python's server cannot turn it into a "
+    "grammar and then silently drops the WHOLE schema (the decoder allows any JSON, extra keys included)",
+}
+_NO_GRAMMAR = re.compile(r"\\(?:[1-9]|k<)|\(\?(?:[=!]|<[=!])")
+
 
 def _pattern_anchored(pattern: Any) -> bool:
     return isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$")
@@ -86,6 +99,8 @@ def _uses(node: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
         yield "maxLength/minLength with pattern or format", None
     if "pattern" in node:
         yield ("pattern" if _pattern_anchored(node["pattern"]) else "pattern without ^...$"), None
+        if isinstance(node["pattern"], str) and _NO_GRAMMAR.search(node["pattern"]):
+            yield "pattern with look-arounds or back-references", None
     if "minimum" in node or "maximum" in node:
         yield "minimum/maximum", None
     if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
@@ -130,7 +145,8 @@ def unenforced(schema: dict[str, Any], backend: str) -> list[str]:
     lines = []
     for keyword, paths in found.items():
         where = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-        lines.append(f"{keyword} (at {where})")
+        consequence = CONSEQUENCES.get((backend, keyword))
+        lines.append(f"{keyword} (at {where})" + (f": {consequence}" if consequence else ""))
     return lines
 
 

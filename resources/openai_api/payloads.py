@@ -163,6 +163,9 @@ def drop_added_nulls(text: str, schema: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False) if dropped[0] else text
 
 
+_NON_CAPTURING = re.compile(r"(?<!\\)\(\?:")
+
+
 def anchored_patterns(schema: Any) -> Any:
     """`schema` with every `pattern` not written `^...$` sent as `^(...)$`, for llama.cpp's servers.
 
@@ -178,8 +181,11 @@ def anchored_patterns(schema: Any) -> Any:
     out = {key: anchored_patterns(value) if key not in ("enum", "const", "default", "examples") else value
            for key, value in schema.items()}
     pattern = schema.get("pattern")
-    if isinstance(pattern, str) and not (pattern.startswith("^") and pattern.endswith("$")):
-        out["pattern"] = "^(" + pattern.removeprefix("^").removesuffix("$") + ")$"
+    if isinstance(pattern, str):
+        if not (pattern.startswith("^") and pattern.endswith("$")):
+            pattern = "^(" + pattern.removeprefix("^").removesuffix("$") + ")$"
+        # a non-capturing group matches what a plain group does; the converter refuses only the former
+        out["pattern"] = _NON_CAPTURING.sub("(", pattern)
     return out
 
 
