@@ -46,10 +46,27 @@ def resolve_ref(node: Any, root: dict[str, Any], refs: tuple[str, ...]) -> tuple
     raise ValueError(f"unsupported JSON schema node: {node!r}")
 
 
+def map_subschemas(node: dict[str, Any], fn: Any) -> dict[str, Any]:
+    """A copy of one schema node with `fn` applied to each of its direct subschemas (properties, items, $defs,
+    anyOf branches, ...), and to nothing else: a property named "enum" or "pattern" is a subschema like any other."""
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            out[key] = {name: fn(sub) for name, sub in node[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out[key] = [fn(sub) for sub in node[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            out[key] = fn(node[key])
+    return out
+
+
 def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of `schema` with `additionalProperties: false` on every object that lists its `properties` and says
-    nothing about other keys. Without it a grammar-constrained decoder lets the model append any key, the listed
-    ones included: SmolLM2 on llama.cpp's server repeated keys until max_new_tokens (docs/structured-outputs.md).
+    nothing about other keys. Without it some decoders let the model append keys of its own (vLLM's guidance
+    backend; any JSON where a server dropped the schema), OpenAI's strict mode refuses the schema, and validation
+    would accept an answer whose extra keys then vanish unseen (docs/structured-outputs.md).
 
     Left open on purpose: objects that already say `additionalProperties` / `unevaluatedProperties` /
     `patternProperties` (the user's explicit choice), free-form objects without `properties` (closing them would
@@ -59,21 +76,14 @@ def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
     def walk(node: Any, in_all_of: bool = False) -> Any:
         if not isinstance(node, dict):
             return node
-        out = dict(node)
-        for key in _SCHEMA_MAPS:
-            if isinstance(node.get(key), dict):
-                out[key] = {name: walk(sub) for name, sub in node[key].items()}
-        for key in _SCHEMA_LISTS:
-            if isinstance(node.get(key), list):
-                partial = key == "allOf" and len(node[key]) > 1
-                out[key] = [walk(sub, in_all_of=partial) for sub in node[key]]
-        for key in _SCHEMA_ONE:
-            if isinstance(node.get(key), dict):
-                out[key] = walk(node[key])
+        out = map_subschemas(node, walk)
         several_all_of = isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1
+        if several_all_of:
+            out["allOf"] = [walk(sub, in_all_of=True) for sub in node["allOf"]]
         open_by_choice = any(k in node for k in ("additionalProperties", "unevaluatedProperties",
                                                   "patternProperties", "$ref"))
-        if isinstance(node.get("properties"), dict) and node["properties"] and not (open_by_choice or in_all_of or several_all_of):
+        lists_properties = isinstance(node.get("properties"), dict) and bool(node["properties"])
+        if lists_properties and not (open_by_choice or in_all_of or several_all_of):
             out["additionalProperties"] = False
         return out
 

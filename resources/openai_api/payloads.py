@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from batch_assets.resources.json_schema import DuplicateKeyError, loads_answer, resolve_ref
+from batch_assets.resources.json_schema import DuplicateKeyError, loads_answer, map_subschemas, resolve_ref
 from batch_assets.resources.openai_api.retry import MalformedResponse
 from batch_assets.resources.protocols import Generation, GenerationParams
 
@@ -108,18 +108,14 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
     back equal."""
 
     def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(sub) for sub in node]
         if not isinstance(node, dict):
             return node
-        out = {key: walk(value) if isinstance(value, (dict, list)) and key not in ("enum", "const", "required",
-                                                                                   "default", "examples")
-               else value for key, value in node.items()}
-        props = node.get("properties")
+        out = map_subschemas(node, walk)
+        props = out.get("properties")
         if isinstance(props, dict) and props:
             required = set(node.get("required") or [])
-            out["properties"] = {name: out["properties"][name] if name in required
-                                 else {"anyOf": [out["properties"][name], {"type": "null"}]} for name in props}
+            out["properties"] = {name: sub if name in required else {"anyOf": [sub, {"type": "null"}]}
+                                 for name, sub in props.items()}
             out["required"] = list(props)
         return out
 
@@ -174,12 +170,9 @@ def anchored_patterns(schema: Any) -> Any:
     bench/structured_enforcement.py). Anchored, the pattern must match the whole string, as xgrammar and vLLM
     treat every pattern: a subset of what JSON Schema's search semantics accept, so an answer the grammar lets
     through is still valid, and validation afterwards applies the pattern as written."""
-    if isinstance(schema, list):
-        return [anchored_patterns(sub) for sub in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: anchored_patterns(value) if key not in ("enum", "const", "default", "examples") else value
-           for key, value in schema.items()}
+    out = map_subschemas(schema, anchored_patterns)
     pattern = schema.get("pattern")
     if isinstance(pattern, str):
         if not (pattern.startswith("^") and pattern.endswith("$")):
