@@ -22,6 +22,8 @@ from batch_assets.resources.structured import StructuredOutput, validate_output
 from tests.conftest import make_spec, read_output, run_pipeline, write_csv
 from tests.providers.llama_server import LlamaServer
 
+pytestmark = pytest.mark.slow  # a real generative model behind a real server, two pipeline runs
+
 # A pattern with a look-ahead (valid JSON Schema: "holds a lower-case letter"): llama-cpp-python's server cannot
 # build a grammar for it and falls back to any JSON, as the user's server did for their whole schema.
 NO_GRAMMAR = {"type": "string", "pattern": "^(?=.*[a-z]).+$"}
