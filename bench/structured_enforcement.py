@@ -59,6 +59,7 @@ PROBES = [
     Probe("maxLength with pattern", {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "abcdefg", "abc"),
     Probe("pattern (anchored ^...$)", {"type": "string", "pattern": "^[0-9]{3}$"}, "abc", "123"),
     Probe("pattern (unanchored)", {"type": "string", "pattern": "[0-9]{3}"}, "abc", "123"),
+    Probe("pattern (look-ahead)", {"type": "string", "pattern": "^(?=.*[0-9]).+$"}, "abc", "a1"),
     Probe("minimum", {"type": "integer", "minimum": 10}, 3, 12),
     Probe("maximum", {"type": "integer", "maximum": 20}, 99, 12),
     Probe("multipleOf", {"type": "number", "multipleOf": 3}, 4, 6),

@@ -61,17 +61,18 @@ _ALL = {k: True for k in KEYWORDS}
 # True: the decoder enforces it; False: only validation after decoding does. `format` is per value (FORMATS).
 ENFORCEMENT: dict[str, dict[str, bool]] = {
     XGRAMMAR: {**_ALL, "maxLength/minLength with pattern or format": False, "multipleOf": False,
-               "uniqueItems": False},
+               "uniqueItems": False, "pattern with look-arounds or back-references": False},
     # "pattern without ^...$": llama-cpp-python's server drops the whole schema for it, so the provider sends every
     # pattern anchored (openai_api/payloads.py anchored_patterns), enforced then as a whole-string match
-    # "pattern with look-arounds or back-references": no grammar can hold them; xgrammar and vLLM refuse the schema
-    # (the call fails, saying so), llama-cpp-python's server silently drops the whole schema instead
+    # "pattern with look-arounds or back-references": no grammar here holds them; xgrammar ignores the look-around
+    # (measured), llama-cpp-python's server silently drops the whole schema
     LLAMA_CPP: {**_ALL, "maxLength/minLength with pattern or format": False, "minimum/maximum": False,
                 "pattern with look-arounds or back-references": False,
                 "exclusiveMinimum/exclusiveMaximum": False, "multipleOf": False, "uniqueItems": False},
     OPENAI: {**_ALL, "maxLength": False, "minLength": False, "maxLength/minLength with pattern or format": False,
-             "uniqueItems": False},
-    VLLM: dict(_ALL),
+             "uniqueItems": False, "pattern with look-arounds or back-references": False},  # the last: undocumented
+    # the last: vLLM sends such a pattern to xgrammar, which ignores the look-around (measured for xgrammar)
+    VLLM: {**_ALL, "pattern with look-arounds or back-references": False},
 }
 
 # Said with the warning where not enforcing a keyword costs more than that keyword.
