@@ -7,9 +7,16 @@ items, anyOf/oneOf/allOf, $ref, length/size/range bounds, pattern). resources/st
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
+
+# Keywords whose subschemas are schemas in their own right, by how they hold them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then", "else",
+               "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 
 
 def resolve_ref(node: Any, root: dict[str, Any], refs: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -39,6 +46,75 @@ def resolve_ref(node: Any, root: dict[str, Any], refs: tuple[str, ...]) -> tuple
     raise ValueError(f"unsupported JSON schema node: {node!r}")
 
 
+def map_subschemas(node: dict[str, Any], fn: Any) -> dict[str, Any]:
+    """A copy of one schema node with `fn` applied to each of its direct subschemas (properties, items, $defs,
+    anyOf branches, ...), and to nothing else: a property named "enum" or "pattern" is a subschema like any other."""
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            out[key] = {name: fn(sub) for name, sub in node[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out[key] = [fn(sub) for sub in node[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            out[key] = fn(node[key])
+    return out
+
+
+def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `schema` with `additionalProperties: false` on every object that lists its `properties` and says
+    nothing about other keys. Without it some decoders let the model append keys of its own (vLLM's guidance
+    backend; any JSON where a server dropped the schema), OpenAI's strict mode refuses the schema, and validation
+    would accept an answer whose extra keys then vanish unseen (docs/structured-outputs.md).
+
+    Left open on purpose: objects that already say `additionalProperties` / `unevaluatedProperties` /
+    `patternProperties` (the user's explicit choice), free-form objects without `properties` (closing them would
+    allow only `{}`), and the parts of a several-branch `allOf` and the object holding it (each branch lists only
+    some of the properties, so closing any one would refuse the others' keys)."""
+
+    def walk(node: Any, in_all_of: bool = False) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = map_subschemas(node, walk)
+        several_all_of = isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1
+        if several_all_of:
+            out["allOf"] = [walk(sub, in_all_of=True) for sub in node["allOf"]]
+        open_by_choice = any(k in node for k in ("additionalProperties", "unevaluatedProperties",
+                                                  "patternProperties", "$ref"))
+        lists_properties = isinstance(node.get("properties"), dict) and bool(node["properties"])
+        if lists_properties and not (open_by_choice or in_all_of or several_all_of):
+            out["additionalProperties"] = False
+        return out
+
+    return walk(schema)
+
+
+class DuplicateKeyError(ValueError):
+    """An answer's JSON names one key twice in an object: which value is meant is not defined (json.loads keeps the
+    last, other parsers the first), so the answer is refused rather than silently read one way."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKeyError(f"the key {key!r} appears twice in one object (values {_short(seen[key])} and "
+                                    f"{_short(value)})")
+        seen[key] = value
+    return seen
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def loads_answer(text: str) -> Any:
+    """`json.loads`, except that a key repeated in one object raises DuplicateKeyError."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+
+
 def check_schema(schema: dict[str, Any]) -> None:
     try:
         import jsonschema
@@ -60,10 +136,24 @@ def schema_problem(value: Any, schema: dict[str, Any]) -> str | None:
     except ImportError:
         return _subset_problem(value, schema, schema, "$")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(value))
+    # format is checked too (jsonschema only annotates it by default): a decoder that does not enforce a format
+    # must not get a wrong date into a published column.
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None
-    return f"at {error.json_path}: {error.message}"
+    return f"at {error.json_path}: {error.message}{_rule(error.validator, error.validator_value)}"
+
+
+# Rules whose bound is short enough to repeat in the message, so it says which rule the value broke and its bound.
+_BOUNDED_RULES = frozenset({"maxLength", "minLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+                            "exclusiveMaximum", "multipleOf", "minItems", "maxItems", "const"})
+
+
+def _rule(name: Any, bound: Any) -> str:
+    if name in _BOUNDED_RULES:
+        return f" (schema rule {name}: {json.dumps(bound, ensure_ascii=False)})"
+    return f" (schema rule {name})" if isinstance(name, str) else ""
 
 
 # -- the fallback validator: a subset of JSON Schema, used only when `jsonschema` is not installed --------------------

@@ -24,7 +24,14 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from batch_assets.resources.json_schema import check_schema, resolve_ref, schema_problem
+from batch_assets.resources.json_schema import (
+    DuplicateKeyError,
+    check_schema,
+    close_objects,
+    loads_answer,
+    resolve_ref,
+    schema_problem,
+)
 
 _KINDS = ("choices", "regex", "json_schema", "pydantic_model")
 # Every message of an answer that does not satisfy the constraint holds this mark (providers may wrap the message,
@@ -59,6 +66,13 @@ class StructuredOutput(BaseModel):
         "The module must be importable where the code location loads and where runs execute (the same Python "
         "path): a module of this project (e.g. batch_assets/examples/), or a package installed in the virtualenv / "
         "worker image. It is imported when the spec loads, so a wrong path is reported at definition load.",
+    )
+    allow_extra_keys: bool = Field(
+        default=False,
+        description="Let the model add keys the schema does not list. Off by default: every object of the schema "
+        "that lists its properties gets `additionalProperties: false` (an object that sets additionalProperties "
+        "itself keeps it), so the decoder cannot append keys, repeated ones included. Extra keys are never "
+        "published either way: the parsed value holds the listed properties only.",
     )
     unnest: bool = Field(
         default=False,
@@ -114,12 +128,16 @@ class StructuredOutput(BaseModel):
         return next(k for k in _KINDS if getattr(self, k) is not None)
 
     def resolved_json_schema(self) -> dict[str, Any] | None:
-        """`json_schema`, or the JSON schema of `pydantic_model`; None for choices and regex."""
+        """`json_schema`, or the JSON schema of `pydantic_model`, with `additionalProperties: false` on its objects
+        unless `allow_extra_keys`; None for choices and regex. This is the schema every provider sends and every
+        answer is validated against."""
         if self.json_schema is not None:
-            return self.json_schema
-        if self.pydantic_model is not None:
-            return _pydantic_schema(self.pydantic_model)
-        return None
+            schema = self.json_schema
+        elif self.pydantic_model is not None:
+            schema = _pydantic_schema(self.pydantic_model)
+        else:
+            return None
+        return schema if self.allow_extra_keys else _closed(json.dumps(schema))
 
     def generation_constraints(self) -> dict[str, Any]:
         """The constraint fields of `GenerationParams` (`GenerationParams(**other, **this)`)."""
@@ -138,7 +156,14 @@ class StructuredOutput(BaseModel):
             "json_schema": params.json_schema,
         }
         given = {k: v for k, v in given.items() if v is not None}
-        return cls(**given) if given else None  # more than one constraint is refused by the validator
+        # The params carry the schema already resolved (closed, or left open by the spec's allow_extra_keys):
+        # it is taken as it is, never closed a second time behind the spec's back.
+        return cls(**given, allow_extra_keys=True) if given else None  # two constraints: refused by the validator
+
+
+@functools.lru_cache(maxsize=64)
+def _closed(schema_json: str) -> dict[str, Any]:
+    return close_objects(json.loads(schema_json))
 
 
 @functools.lru_cache(maxsize=64)
@@ -322,7 +347,9 @@ def validate_output(text: str | None, structured: StructuredOutput,
     if fenced:  # unconstrained chat models like to wrap JSON in a ```json fence
         body = fenced.group(1)
     try:
-        value = json.loads(body)
+        value = loads_answer(body)
+    except DuplicateKeyError as exc:
+        return None, f"{UNPARSEABLE}: output {_clip(text)} is ambiguous JSON: {exc}"
     except json.JSONDecodeError as exc:
         hint = _json_hint(body, exc, finish_reason)
         return None, f"{UNPARSEABLE}: output {_clip(text)} is not valid JSON: {exc.msg} (character {exc.pos}){hint}"

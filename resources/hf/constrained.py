@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.schema_support import XGRAMMAR, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
 
 
@@ -145,6 +146,7 @@ def generate_constrained(
         longest = max(len(choice) for choice in structured.choices)
         params = dataclasses.replace(params, max_new_tokens=max(params.max_new_tokens, longest + 1))
     loaded = generator.loaded
+    warn_unenforced(params.json_schema, XGRAMMAR, who=f"{type(generator).__name__}")
     compiled = compile_constraint(grammar_compiler(loaded), params)
     logits_size = _logits_size(loaded.model)
 

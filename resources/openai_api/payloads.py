@@ -3,8 +3,10 @@
 Structured output is where OpenAI-compatible servers differ most, so the mapping is explicit per backend:
 
 - `response_format` (OpenAI, llama.cpp, most servers): `choices` and `json_schema` become a JSON schema, sent as
-  OpenAI's `{"type": "json_schema", ...}` or llama.cpp's `{"type": "json_object", "schema": ...}` form
-  (`json_schema_mode`); `regex` cannot be expressed and is refused before any request.
+  OpenAI's `{"type": "json_schema", "json_schema": {"strict": true, ...}}` or llama.cpp's `{"type": "json_object",
+  "schema": ...}` form (`json_schema_mode`); `regex` cannot be expressed and is refused before any request. Strict
+  mode takes only schemas whose every property is required (`strict_schema`): an optional property is sent as a
+  required one that may be null, and such nulls are removed from the answer again (`drop_added_nulls`).
 - `vllm`: vLLM >= 0.12 `extra_body={"structured_outputs": {"choice" | "regex" | "json": ...}}`.
 - `vllm_legacy`: vLLM < 0.12 `extra_body={"guided_choice" | "guided_regex" | "guided_json": ...}`.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from batch_assets.resources.json_schema import DuplicateKeyError, loads_answer, map_subschemas, resolve_ref
 from batch_assets.resources.openai_api.retry import MalformedResponse
 from batch_assets.resources.protocols import Generation, GenerationParams
 
@@ -62,10 +65,11 @@ def choices_schema(choices: tuple[str, ...]) -> dict[str, Any]:
 
 
 def label_from_json(text: str) -> str:
-    """The label out of `{"label": "..."}`; the raw text when it is not that (the pipeline's validation reports it)."""
+    """The label out of `{"label": "..."}`; the raw text when it is not that (the pipeline's validation reports it),
+    a repeated "label" key included."""
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = loads_answer(text)
+    except (ValueError, DuplicateKeyError):
         return text
     if isinstance(value, dict) and isinstance(value.get(LABEL_KEY), str):
         return value[LABEL_KEY]
@@ -96,9 +100,91 @@ async def detect_json_schema_mode(client: Any, timeout_s: float) -> JsonSchemaMo
     return "json_object_schema" if owners & LLAMA_CPP_OWNERS else "json_schema"
 
 
+def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` as OpenAI's strict mode takes it: every object lists all its properties in `required`
+    (https://platform.openai.com/docs/guides/structured-outputs#all-fields-must-be-required), so a property the
+    schema leaves optional is sent as required and nullable (`anyOf: [<its schema>, {"type": "null"}]`), the way
+    OpenAI's docs emulate optional fields. `drop_added_nulls` turns the answer back. A schema already strict comes
+    back equal."""
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = map_subschemas(node, walk)
+        props = out.get("properties")
+        if isinstance(props, dict) and props:
+            required = set(node.get("required") or [])
+            out["properties"] = {name: sub if name in required else {"anyOf": [sub, {"type": "null"}]}
+                                 for name, sub in props.items()}
+            out["required"] = list(props)
+        return out
+
+    return walk(schema)
+
+
+def drop_added_nulls(text: str, schema: dict[str, Any]) -> str:
+    """The answer to a `strict_schema(schema)` request as an answer to `schema`: a null the model gave for a property
+    `schema` leaves optional is removed (the property is absent, as the schema allows). Text that does not parse is
+    returned as it came, for validation to report."""
+    try:
+        value = loads_answer(text)
+    except (ValueError, DuplicateKeyError):
+        return text
+    dropped = [False]
+
+    def walk(value: Any, node: Any) -> None:
+        try:
+            node, _ = resolve_ref(node, schema, ())
+        except ValueError:
+            return
+        if isinstance(value, dict):
+            branches = [node] + [b for key in ("anyOf", "oneOf") for b in node.get(key, []) if isinstance(b, dict)]
+            for branch in branches:
+                branch, _ = resolve_ref(branch, schema, ()) if "$ref" in branch else (branch, ())
+                props = branch.get("properties")
+                if isinstance(props, dict) and props:
+                    required = set(branch.get("required") or [])
+                    for name in list(value):
+                        if value[name] is None and name in props and name not in required:
+                            del value[name]
+                            dropped[0] = True
+                        elif name in props:
+                            walk(value[name], props[name])
+                    return
+        elif isinstance(value, list) and isinstance(node.get("items"), dict):
+            for item in value:
+                walk(item, node["items"])
+
+    walk(value, schema)
+    return json.dumps(value, ensure_ascii=False) if dropped[0] else text
+
+
+_NON_CAPTURING = re.compile(r"(?<!\\)\(\?:")
+
+
+def anchored_patterns(schema: Any) -> Any:
+    """`schema` with every `pattern` not written `^...$` sent as `^(...)$`, for llama.cpp's servers.
+
+    llama-cpp-python's grammar converter refuses an unanchored pattern, and its server then silently falls back to a
+    grammar for any JSON: the whole schema, not only the pattern, goes unenforced (measured:
+    bench/structured_enforcement.py). Anchored, the pattern must match the whole string, as xgrammar and vLLM
+    treat every pattern: a subset of what JSON Schema's search semantics accept, so an answer the grammar lets
+    through is still valid, and validation afterwards applies the pattern as written."""
+    if not isinstance(schema, dict):
+        return schema
+    out = map_subschemas(schema, anchored_patterns)
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        if not (pattern.startswith("^") and pattern.endswith("$")):
+            pattern = "^(" + pattern.removeprefix("^").removesuffix("$") + ")$"
+        # a non-capturing group matches what a plain group does; the converter refuses only the former
+        out["pattern"] = _NON_CAPTURING.sub("(", pattern)
+    return out
+
+
 def _format_for(schema: dict[str, Any], mode: JsonSchemaMode, api: Api) -> dict[str, Any]:
     if mode == "json_object_schema":
-        return {"type": "json_object", "schema": schema}
+        return {"type": "json_object", "schema": anchored_patterns(schema)}
     if api == "responses":  # the Responses API flattens OpenAI's json_schema wrapper
         return {"type": "json_schema", "name": _schema_name(schema), "schema": schema, "strict": True}
     return {"type": "json_schema", "json_schema": {"name": _schema_name(schema), "schema": schema, "strict": True}}
@@ -155,7 +241,13 @@ def plan_request(
         else:
             body["guided_regex"] = params.regex
     elif params.json_schema is not None:
-        if backend == "response_format":
+        if backend == "response_format" and json_schema_mode == "json_schema":
+            schema = params.json_schema
+            sent = strict_schema(schema)
+            output_format = _format_for(sent, json_schema_mode, api)
+            if sent != schema:
+                decode = lambda text: drop_added_nulls(text, schema)  # noqa: E731
+        elif backend == "response_format":
             output_format = _format_for(params.json_schema, json_schema_mode, api)
         elif backend == "vllm":
             body["structured_outputs"] = {"json": params.json_schema}

@@ -40,6 +40,7 @@ from batch_assets.resources.openai_api.payloads import (
 )
 from batch_assets.resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.schema_support import LLAMA_CPP, OPENAI, VLLM, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
 from batch_assets.resources.tokens import generation_limit, load_tokenizer
 
@@ -393,6 +394,7 @@ class OpenAICompatibleProvider(ModelResource):
             extra_body=self.config_value("extra_body"),
             store_responses=self.store_responses,
         )
+        self._warn_unenforced(loaded, params)
         if self.api == "responses" and params.seed is not None:
             self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
         stats = CallStats(rows=len(conversations))
@@ -456,6 +458,25 @@ class OpenAICompatibleProvider(ModelResource):
             self._info("structured output goes to %s as response_format %s", _public_url(self.base_url) or "OpenAI",
                        loaded.schema_mode)
         return loaded.schema_mode or "json_schema"
+
+    def _enforcing_backend(self, loaded: _Loaded) -> str | None:
+        """Whose decoder enforces a JSON schema sent by this provider (schema_support's keys), None when unknown (an
+        OpenAI-compatible server other than OpenAI, llama.cpp or vLLM)."""
+        if self.constraint_backend in ("vllm", "vllm_legacy"):
+            return VLLM
+        mode = self.json_schema_mode if self.json_schema_mode != "auto" else loaded.schema_mode
+        if mode == "json_object_schema":
+            return LLAMA_CPP
+        return OPENAI if self._is_openai() else None
+
+    def _warn_unenforced(self, loaded: _Loaded, params: GenerationParams) -> None:
+        """Once per process and schema, before the first request: what of the schema this endpoint's decoder does not
+        enforce (every answer is validated against all of it afterwards)."""
+        backend = self._enforcing_backend(loaded) if params.json_schema is not None else None
+        if backend is not None:
+            warn_unenforced(params.json_schema, backend, lambda message: self._info("%s", message,
+                                                                                     level=logging.WARNING),
+                            who=f"{type(self).__name__} (model {self.model_name()!r})")
 
     def _embedding_model(self) -> str:
         return self.embedding_model or self.model

@@ -27,6 +27,7 @@ import dagster as dg
 
 from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
+from batch_assets.resources.schema_support import VLLM, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput
 from batch_assets.resources.tokens import generation_limit
 from batch_assets.resources.vllm_engine.api import DEFAULT_API, VLLMApi, load_vllm_api
@@ -229,6 +230,7 @@ class VLLMEngineProvider(ModelResource):
         if not conversations:
             return []
         StructuredOutput.from_params(params)  # refuses two constraints before any GPU work
+        warn_unenforced(params.json_schema, VLLM, who=f"{type(self).__name__} (model {self.model!r})")
         options = {"json_any_whitespace": self.json_any_whitespace, "lora": self._lora(),
                    "chat_template_kwargs": self.config_value("chat_template_kwargs") or None}
         if isinstance(self.loaded, ReplicaSet):

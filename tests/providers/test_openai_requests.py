@@ -75,8 +75,11 @@ def test_regex_on_a_response_format_endpoint_is_refused_with_the_fix():
 def test_json_schema_on_the_responses_api_and_its_minimum_budget():
     schema = {"title": "Company info", "type": "object", "properties": {"x": {"type": "integer"}}}
     p = plan(GenerationParams(max_new_tokens=4, json_schema=schema), api="responses")
+    # strict mode takes every property as required: the optional x goes as required and nullable
+    sent = {"title": "Company info", "type": "object", "required": ["x"],
+            "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}
     assert p.kwargs["text"] == {
-        "format": {"type": "json_schema", "name": "Company_info", "schema": schema, "strict": True}
+        "format": {"type": "json_schema", "name": "Company_info", "schema": sent, "strict": True}
     }
     assert p.kwargs["max_output_tokens"] == 16
     assert p.kwargs["store"] is False

@@ -66,8 +66,17 @@ def test_generation_constraints_fill_generation_params():
     assert StructuredOutput(choices=["yes", "no"]).generation_constraints() == {"choices": ("yes", "no")}
     assert StructuredOutput(regex=r"\d+").generation_constraints() == {"regex": r"\d+"}
     params = GenerationParams(max_new_tokens=10, **StructuredOutput(pydantic_model=COMPANY).generation_constraints())
-    assert params.json_schema == Company.model_json_schema()
-    assert StructuredOutput.from_params(params).json_schema == Company.model_json_schema()
+    # the model's schema with its objects closed (additionalProperties: false, docs/structured-outputs.md)
+    closed = Company.model_json_schema()
+    closed["additionalProperties"] = False
+    closed["$defs"]["Address"]["additionalProperties"] = False
+    assert params.json_schema == closed
+    assert StructuredOutput.from_params(params).resolved_json_schema() == closed
+    open_params = GenerationParams(**StructuredOutput(pydantic_model=COMPANY, allow_extra_keys=True)
+                                   .generation_constraints())
+    assert open_params.json_schema == Company.model_json_schema()
+    # a provider rebuilding the constraint from the params never closes what the spec left open
+    assert StructuredOutput.from_params(open_params).resolved_json_schema() == Company.model_json_schema()
     assert StructuredOutput.from_params(GenerationParams()) is None
 
 
@@ -136,7 +145,7 @@ def test_regex_must_match_the_whole_output():
 
 
 def test_json_value_is_shaped_for_its_arrow_type():
-    s = StructuredOutput(pydantic_model=COMPANY)
+    s = StructuredOutput(pydantic_model=COMPANY, allow_extra_keys=True)  # extra keys allowed, yet never published
     text = json.dumps(
         {
             "name": "Acme",
@@ -162,6 +171,9 @@ def test_json_value_is_shaped_for_its_arrow_type():
         "parent": None,
     }
     assert pa.array([value], arrow_type_for(s)).to_pylist() == [value]
+    # by default the same answer is refused: the key the schema does not list is named
+    value, error = validate_output(text, StructuredOutput(pydantic_model=COMPANY))
+    assert value is None and "'unexpected' was unexpected" in error and "additionalProperties" in error
 
 
 def test_json_code_fence_from_an_unconstrained_model_is_accepted():
