@@ -64,7 +64,9 @@ SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 # default, so a new field never makes every published partition stale and paid for again on upgrade; a spec that
 # sets one gets a new version, as any edit does. tests/orchestration/test_code_versions.py keeps the shipped
 # pipelines' versions from before these fields existed.
-ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None}}
+# A dotted name reaches into a subsection (task.structured).
+ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
+                                           "task": {"structured.allow_extra_keys": False}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"
 STAGES = ("raw", "prepared", "inferred", "output")
@@ -78,10 +80,17 @@ def stage_code_version(spec: PipelineSpec, stage: str) -> str:
     for section in ("source", "sink"):  # as written: a relative path stays relative wherever the project lives
         dumped[section]["path"] = written_path(spec, section)
     sections = {
-        name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())
-               and not (k in ADDED_FIELDS.get(name, {}) and v == ADDED_FIELDS[name][k])}
+        name: {k: v for k, v in dumped[name].items() if k not in SPEED_ONLY_FIELDS.get(name, set())}
         for name in STAGE_SECTIONS[stage]
     }
+    for name, added in ADDED_FIELDS.items():
+        for dotted, default in added.items():
+            *parents, field = dotted.split(".")
+            holder = sections.get(name)
+            for part in parents:
+                holder = holder.get(part) if isinstance(holder, dict) else None
+            if isinstance(holder, dict) and field in holder and holder[field] == default:
+                del holder[field]
     if spec.prepare.function and "prepare" in sections:
         sections["prepare_function_source"] = function_source_digest(spec.prepare.function)
     digest = hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode("utf-8")).hexdigest()
