@@ -11,6 +11,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,19 @@ def write_json(name: str, data: Any) -> Path:
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def llama_base_url(url: str | None) -> Iterator[str]:
+    """The /v1 URL of a llama.cpp server: `url` when given (a server you run), else one started on loopback for the
+    duration of the block (tests/providers/llama_server.py) and stopped after it."""
+    if url is not None:
+        yield url
+        return
+    from tests.providers.llama_server import start_llama_server  # the test fixture's launcher: only when needed
+
+    server = start_llama_server(embedding=False)
+    try:
+        yield server.base_url
+    finally:
+        server.stop()

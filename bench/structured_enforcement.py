@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import llama_base_url  # noqa: E402  (bench/ is on the path when run as a script)
 
 
 @dataclass(frozen=True)
@@ -181,20 +182,10 @@ def main() -> None:
     parser.add_argument("--llama-url", help="a running llama.cpp server's /v1 URL (default: start one)")
     parser.add_argument("--json", help="write the verdicts and the raw answers to this file")
     args = parser.parse_args()
-    server = None
-    base_url = args.llama_url
-    if base_url is None:
-        from tests.providers.llama_server import start_llama_server
-
-        server = start_llama_server(embedding=False)
-        base_url = server.base_url
-    try:
+    with llama_base_url(args.llama_url) as base_url:
         xgrammar = measure_xgrammar()
         grammar = measure_llama_grammar()
         llama, evidence = measure_llama(base_url)
-    finally:
-        if server is not None:
-            server.stop()
     print(f"{'keyword':26} {'xgrammar 0.2.8':15} {'llama.cpp server':17} llama.cpp grammar")
     for probe in PROBES:
         print(f"{probe.keyword:26} {xgrammar[probe.keyword]:15} {llama[probe.keyword]:17} {grammar[probe.keyword]}")

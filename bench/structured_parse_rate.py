@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import llama_base_url  # noqa: E402  (bench/ is on the path when run as a script)
 
 LABELS = ["Law Firm", "Healthcare", "Technology", "Retail", "Consulting", "Manufacturing", "Finance", "Real Estate",
           "Other"]
@@ -110,16 +111,9 @@ def main() -> None:
     parser.add_argument("--schemas", default=",".join(SCHEMAS), help="comma-separated, of: " + ", ".join(SCHEMAS))
     parser.add_argument("--json", help="write every answer and verdict to this file")
     args = parser.parse_args()
-    server = None
-    base_url = args.llama_url
-    if base_url is None:
-        from tests.providers.llama_server import start_llama_server
-
-        server = start_llama_server(embedding=False)
-        base_url = server.base_url
     rows = _customers(random.Random(0), args.rows)
     report: dict[str, Any] = {}
-    try:
+    with llama_base_url(args.llama_url) as base_url:
         for name in args.schemas.split(","):
             schema, template = SCHEMAS[name]
             structured = StructuredOutput(json_schema=schema)
@@ -153,9 +147,6 @@ def main() -> None:
                 answers.append({"id": row["customer_id"], "before": b_text, "after": a_text, "after_error": problem})
             report[name] = {"counts": {k: dict(v) for k, v in counts.items()}, "answers": answers}
             print(name, json.dumps(report[name]["counts"]), flush=True)
-    finally:
-        if server is not None:
-            server.stop()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
 
