@@ -948,6 +948,7 @@ def _multi_override_problems(dims: list[PartitionDimensionSpec], overrides: dict
                 except ValueError:
                     problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a day "
                                      f"(YYYY-MM-DD) of dimension {dim.name!r}; keys are {shape}"))
+    return problems
 
 
 ASSET_KEY_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
