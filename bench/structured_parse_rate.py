@@ -24,8 +24,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import llama_base_url  # noqa: E402  (bench/ is on the path when run as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.providers.llama_server
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, script_io (also when imported by a test)
+from common import llama_base_url  # noqa: E402
 
 LABELS = ["Law Firm", "Healthcare", "Technology", "Retail", "Consulting", "Manufacturing", "Finance", "Real Estate",
           "Other"]
