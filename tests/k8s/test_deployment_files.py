@@ -439,6 +439,42 @@ def test_dockerfiles_build_this_project(name: str) -> None:
         assert "torch==2.13.0" in runs and "download.pytorch.org/whl/cpu" in runs
 
 
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.cpu"])
+def test_the_image_installs_every_package_the_rendered_instance_loads(name: str) -> None:
+    """Every class the chart's instance names (run launcher, storage, compute logs, ...) is imported by each run
+    worker and step pod of our image when it loads the instance: its distribution must be in what the Dockerfile
+    installs (the pyproject extras it names, and the requirements on its pip line). A fresh-clone CI run caught
+    S3ComputeLogManager's dagster-aws missing from every extra: each pod would have failed at start."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    from tests.k8s import chart
+
+    def modules(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["module"]] if isinstance(node.get("module"), str) else []
+            return found + [m for v in node.values() for m in modules(v)]
+        return [m for v in node for m in modules(v)] if isinstance(node, list) else []
+
+    def name_of(requirement: str) -> str:
+        return re.split(r"[\[<>=!~; ]", requirement.strip().strip('"'), maxsplit=1)[0].lower().replace("_", "-")
+
+    runs = " ".join(args for op, args in _instructions(name) if op == "RUN")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = re.search(r"for e in \(([^)]*)\)", runs)
+    assert extras, f"{name}: the requirements step names the extras it installs"
+    installed = {name_of(r) for r in project["dependencies"]}
+    installed |= {name_of(r) for e in re.findall(r"'(\w+)'", extras.group(1)) for r in project["optional-dependencies"][e]}
+    installed |= {name_of(r) for r in re.findall(r'"([A-Za-z][\w.-]*\[?[\w,]*\]?[<>=!~][^"]*)"', runs)}
+    wanted = {m for m in modules(chart.render().instance) if m.split(".")[0] != "dagster"}
+    assert wanted, "the rendered instance names the classes it loads"
+    owners = packages_distributions()
+    for module in sorted(wanted):
+        dists = {d.lower().replace("_", "-") for d in owners.get(module.split(".")[0], [])}
+        assert dists, f"{module}: not importable here either (make install-test installs the extras)"
+        assert dists & installed, f"{name} installs none of {sorted(dists)}, which the rendered instance loads ({module})"
+
+
 def test_the_build_context_leaves_out_what_images_do_not_need() -> None:
     ignored = set(_dockerignore())
     assert {".git", ".venv", "data", "tests", "**/__pycache__"} <= ignored

@@ -49,9 +49,9 @@ def cluster(tmp_path: Path) -> KubernetesJobsStub:
     stub.stop()
 
 
-def _pipeline(tmp_path: Path, runtime: dict, seconds: float = 0.0) -> dict:
+def _pipeline(tmp_path: Path, runtime: dict, seconds: float = 0.0, rows: int = ROWS) -> dict:
     data = tmp_path / "data"
-    write_jsonl(data / "a.jsonl", [{"doc_id": f"a{i}", "text": f"a{i}"} for i in range(ROWS)])
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"a{i}", "text": f"a{i}"} for i in range(rows)])
     return {
         "name": "gpu_docs",
         "source": {"format": "jsonl", "path": f"{data}/{{partition}}.jsonl", "columns": ["doc_id", "text"]},
@@ -102,8 +102,13 @@ def _step_failures(instance: dg.DagsterInstance, run_id: str) -> list[str]:
 
 def test_an_evicted_infer_pod_resumes_and_a_second_run_of_the_partition_waits_queued(
         tmp_path: Path, cluster: KubernetesJobsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGKILL loses the chunk in the model and any answered chunk whose commit the write-behind thread had not
+    finished (at most 2 queued, docs/RELIABILITY.md): up to 4 chunks on a loaded machine, milliseconds' worth on an
+    idle one. With chunks of 2.5% of the partition (2 of 80 rows) even that worst case stays within 1.1x; with 4 of 40
+    a loaded CI machine paid 48."""
+    rows = 80
     monkeypatch.setenv("TEST_PROCESS_ONLY_SECRET", "must-not-reach-a-pod")
-    spec = _pipeline(tmp_path, {"gpus": 1, "chunk_rows": 4}, seconds=0.4)
+    spec = _pipeline(tmp_path, {"gpus": 1, "chunk_rows": 2}, seconds=0.2, rows=rows)
     deployment, defs, store = _deploy(tmp_path, cluster, spec, monkeypatch)
     log = tmp_path / "model.log"
     with dg.DagsterInstance.from_config(str(deployment.home)) as instance, \
@@ -115,7 +120,7 @@ def test_an_evicted_infer_pod_resumes_and_a_second_run_of_the_partition_waits_qu
         assert instance.get_run_by_id(second).status == dg.DagsterRunStatus.QUEUED
         assert cluster.jobs_for_run(second) == []
 
-        infer = _wait("the infer pod to be a third through", lambda: len(rows_paid(log)) >= ROWS // 3 and
+        infer = _wait("the infer pod to be a third through", lambda: len(rows_paid(log)) >= rows // 3 and
                       cluster.step_jobs(first).get("gpu_docs__inferred"), cluster)
         assert infer.node == "gpu-1"
         cluster.evict(infer)  # a spot reclaim
@@ -127,10 +132,10 @@ def test_an_evicted_infer_pod_resumes_and_a_second_run_of_the_partition_waits_qu
 
     # the retried step resumed from its checkpoints: every row once in the output, rows paid <= 1.1x
     table = pq.read_table(store / "gpu_docs" / "output" / "a.parquet")
-    assert sorted(table.column("doc_id").to_pylist()) == sorted(f"a{i}" for i in range(ROWS))
+    assert sorted(table.column("doc_id").to_pylist()) == sorted(f"a{i}" for i in range(rows))
     paid = rows_paid(log)
-    print(f"rows sent to the model: {len(paid)} for {ROWS} rows (one eviction)")
-    assert set(paid) == {f"a{i}" for i in range(ROWS)} and len(paid) <= 1.1 * ROWS, (len(paid), paid)
+    print(f"rows sent to the model: {len(paid)} for {rows} rows (one eviction)")
+    assert set(paid) == {f"a{i}" for i in range(rows)} and len(paid) <= 1.1 * rows, (len(paid), paid)
     attempts = [j for j in cluster.jobs_for_run(first) if j.step_key == "gpu_docs__inferred"]
     assert [j.terminated_reason for j in attempts] == ["Evicted", None]
     (retry,) = instance_logs(deployment.home, first, dg.DagsterEventType.STEP_UP_FOR_RETRY)
