@@ -98,6 +98,11 @@ class ModelResource(dg.ConfigurableResource):
         """Why this `model.config` cannot run `gpu_strategy: replicas` (asked only when `runs_replicas`), or None."""
         return None
 
+    @property
+    def stopped_at(self) -> float | None:
+        """When `stop` stopped new calls (wall clock), where the provider has calls it can hold back; else None."""
+        return None
+
     def stop(self, grace_s: float) -> None:
         """The run is stopping (Terminate, SIGTERM, Ctrl-C): send nothing new from now on, let calls in flight
         answer for up to `grace_s`, then abandon them. An in-process model's call cannot be cut short: the infer

@@ -34,6 +34,9 @@ from batch_assets.spec import PipelineSpec
 from batch_assets.stages.infer import is_stop, stop_provider
 
 STOPPED_TAG = "batch_assets/stopped"
+# When the first step process of the run stopped sending model requests (epoch seconds): a request the endpoint
+# received after it was on its way already (tests/reliability/test_stop_and_crash_cli.py counts them)
+STOP_RECEIVED_TAG = "batch_assets/stop_received_at"
 MAX_RETRIES_TAG = "dagster/max_retries"  # Dagster's per-run override of run_retries.max_retries
 # Executors that run each step in a pod of its own (batch_assets/orchestration/k8s_executor.py, dagster-k8s's)
 POD_EXECUTORS = frozenset({"batch_k8s", "k8s"})
@@ -65,14 +68,13 @@ def stop_means_stop(context: dg.AssetExecutionContext, spec: PipelineSpec, provi
         if not is_stop(exc) or isinstance(exc, RunStopped):
             raise
         # A second Ctrl-C while the requests in flight get their grace ends the grace at once.
-        if provider_key is not None:
-            provider = getattr(context.resources, provider_key, None)
-            if provider is not None:
-                stop_provider(provider, spec.runtime.stop_grace_s)
+        provider = getattr(context.resources, provider_key, None) if provider_key is not None else None
+        if provider is not None:
+            stop_provider(provider, spec.runtime.stop_grace_s)
         flush_open_journals()
         if not _stopped_by_user(context):
             raise  # a platform stopping this step's pod alone (a drain, a spot eviction): retried like a lost node
-        _mark_stopped(context, type(exc).__name__)
+        _mark_stopped(context, type(exc).__name__, getattr(provider, "stopped_at", None))
         context.log.warning(f"{spec.name}: the run was stopped ({type(exc).__name__}); no model call was started "
                             "after the stop, answers received so far are kept for the next run, and the run is not "
                             "retried")
@@ -93,10 +95,15 @@ def _stopped_by_user(context: dg.AssetExecutionContext) -> bool:
     return context.job_def.executor_def.name not in POD_EXECUTORS
 
 
-def _mark_stopped(context: dg.AssetExecutionContext, why: str) -> None:
+def _mark_stopped(context: dg.AssetExecutionContext, why: str, stopped_at: float | None = None) -> None:
     instance, run_id = context.instance, context.run_id
     try:
-        instance.add_run_tags(run_id, {STOPPED_TAG: why, MAX_RETRIES_TAG: "0"})
+        tags = {STOPPED_TAG: why, MAX_RETRIES_TAG: "0"}
+        run = instance.get_run_by_id(run_id)
+        if stopped_at is not None:
+            earlier = run.tags.get(STOP_RECEIVED_TAG) if run is not None else None
+            tags[STOP_RECEIVED_TAG] = f"{min(stopped_at, float(earlier or stopped_at)):.3f}"
+        instance.add_run_tags(run_id, tags)
         run = instance.get_run_by_id(run_id)
         if run is not None and run.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING):
             # Nobody asked through Dagster (a signal to the process): record the stop as a cancellation.
@@ -110,4 +117,4 @@ def _signal_name(why: str) -> str:
             "DagsterExecutionInterruptedError": "a termination request"}.get(why, why)
 
 
-__all__ = ["RunStopped", "STOPPED_TAG", "stop_means_stop", "stoppable"]
+__all__ = ["RunStopped", "STOPPED_TAG", "STOP_RECEIVED_TAG", "stop_means_stop", "stoppable"]

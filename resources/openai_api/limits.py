@@ -10,6 +10,7 @@ a full minute's budget sent in the first second would come back as 429s.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -65,11 +66,14 @@ class RequestGate:
         self._stopping = False  # the run is stopping: nothing more is sent; requests in flight may still answer
         self._never: asyncio.Event | None = None
         self.in_flight = 0  # requests sent and not yet answered
+        self.stopped_at: float | None = None  # wall-clock time of the first stop_sending (recorded on the run)
 
     def stop_sending(self) -> None:
         """From any thread: no request starts after this (the run is stopping). Requests waiting for a slot, for a
         rate-limit budget or in a retry's backoff wait until they are cancelled; the ones in flight go on."""
         self._stopping = True
+        if self.stopped_at is None:
+            self.stopped_at = time.time()
 
     @property
     def stopping(self) -> bool:

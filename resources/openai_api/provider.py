@@ -312,6 +312,12 @@ class OpenAICompatibleProvider(ModelResource):
             finally:
                 loaded.runner.close()
 
+    @property
+    def stopped_at(self) -> float | None:
+        """When this process stopped sending (wall clock), or None: the run records it (batch_assets/stopping.py)."""
+        loaded = self._model
+        return loaded.gate.stopped_at if isinstance(loaded, _Loaded) else None
+
     def stop(self, grace_s: float) -> None:
         """No new request from now on; requests in flight get `grace_s` to answer (their answers reach
         `on_answer`, so the infer loop keeps them), then every call still running is cancelled."""
