@@ -149,7 +149,12 @@ def _expand_unchecked(pattern: str) -> list[str]:
     fs, path = filesystem_for(pattern)
     if not globlib.has_magic(path):
         return [pattern] if fs.exists(path) else []
-    matches = sorted(fs.glob(path))
+    # What a glob matches is data only if it is a file whose name does not start with '.' or '_' (an atomic writer's
+    # temporary file, a `_SUCCESS` marker), as the sensor takes it: a folder or a half-written file in the listing
+    # would otherwise be read as a row (files source) or fail the read, and change the partition's source version.
+    matches = sorted(name for name, info in fs.glob(path, detail=True).items()
+                     if info.get("type") != "directory"
+                     and not name.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_")))
     if pattern.startswith("s3://"):
         return [f"s3://{m}" for m in matches]
     if is_remote(pattern):

@@ -22,9 +22,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, model_validator
 
-from batch_assets.spec_prepare import ColumnTransform, JoinSpec, TrialSpec, function_problem, join_output_problems
+from batch_assets.spec_prepare import (
+    ColumnTransform,
+    DocumentSpec,
+    JoinSpec,
+    TrialSpec,
+    function_problem,
+    join_output_problems,
+)
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES
+from batch_assets.stages.sources.files import FILE_COLUMNS
 from batch_assets.storage import is_remote, resolve_local
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
 from batch_assets.resources.protocols import supports
@@ -45,7 +53,10 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
-    format: Literal[tuple(SOURCES)] = Field(description="File format of every source file.")
+    format: Literal[tuple(SOURCES)] = Field(
+        description="File format of every source file; `files`: the files themselves, one row per file matched by "
+        f"`path` (columns {', '.join(FILE_COLUMNS)}; no bytes in the rows: images, documents and audio are read from "
+        "file_path by the stage that needs them). See docs/files-as-data.md.")
     path: str = Field(
         description="Local path or s3://bucket/key. A relative path resolves against the pipeline's project folder: "
         "$BATCH_PROJECT_ROOT, else the pyproject.toml/dg.toml project at or above the spec file or defs.yaml, else "
@@ -53,7 +64,8 @@ class SourceSpec(_Strict):
         "{partition}, replaced by the partition key (multi partitioning: also {<dimension name>}, replaced by that "
         "dimension's key)."
     )
-    columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error.")
+    columns: list[str] = Field(min_length=1, description="Columns to read; a file lacking one is an error. "
+                               f"format files: optional, some of {', '.join(FILE_COLUMNS)} (default: all four).")
     encoding: str = Field(default="utf-8", description="Text encoding of csv/jsonl files.")
     sample: Literal["customers", "documents", "reviews", "quotes"] | None = Field(
         default=None, description="Generate this built-in sample dataset at `path` on first use if it is missing."
@@ -93,6 +105,32 @@ class SourceSpec(_Strict):
         "timezone, the same static keys, or dynamic partitions named after this pipeline).",
     )
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_columns_by_default(cls, data: Any) -> Any:
+        """A files source has fixed columns: `columns` may be left out (all four)."""
+        if isinstance(data, dict) and data.get("format") == "files" and "columns" not in data:
+            return {**data, "columns": list(FILE_COLUMNS)}
+        return data
+
+    @model_validator(mode="after")
+    def _files_rules(self) -> "SourceSpec":
+        """What a files source reads is fixed: its columns, their types; the text settings do not apply."""
+        if self.format != "files":
+            return self
+        problems = []
+        unknown = [c for c in self.columns if c not in FILE_COLUMNS]
+        if unknown:
+            problems.append(f"columns: {', '.join(map(repr, unknown))} is not a column of a files source (one row "
+                            f"per file: {', '.join(FILE_COLUMNS)}); name the file's column, or leave columns out")
+        for name in ("types", "sample"):
+            if getattr(self, name):
+                problems.append(f"{name}: does not apply to a files source (one row per file, with fixed columns "
+                                f"and types): remove it")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 class PartitionDimensionSpec(_Strict):
     """One dimension of `kind: multi` partitioning (two of them: a day or a set of keys, crossed with keys)."""
@@ -206,6 +244,13 @@ class PrepareSpec(_Strict):
         description="New columns made by joining source columns (missing values skipped), e.g. "
         "{text: {columns: [title, description], separator: '\\n\\n'}}; text_column and template may name them.",
     )
+    documents: dict[str, DocumentSpec] = Field(
+        default_factory=dict,
+        description="New text columns, each the text of the document file (PDF, HTML, Markdown, text) named by a "
+        "column of paths or URLs, e.g. {contract_text: {column: file_path}}; template / text_column may name them. "
+        "Extracted after the transforms, before the joins; a missing, encrypted or damaged file is a row error "
+        "naming the file. See docs/files-as-data.md.",
+    )
     function: str | None = Field(
         default=None,
         description="'package.module:function' called on each Arrow RecordBatch after the transforms and joins; it "
@@ -230,7 +275,7 @@ class PrepareSpec(_Strict):
 
     def derived_columns(self) -> list[str]:
         """Columns the prepare stage makes (joins, the user function), which text_column and template may name."""
-        return [*self.join, *self.function_columns]
+        return [*self.documents, *self.join, *self.function_columns]
 
 
 class GenerationParamsSpec(_Strict):
@@ -769,6 +814,12 @@ def _prepare_problems(spec: "PipelineSpec", columns: set[str], known: str) -> li
     problems = [(f"prepare.transforms.{name}", f"column {name!r} is not in source.columns ({known})")
                 for name in prep.transforms if name not in columns]
     problems += join_output_problems(prep.join, columns)
+    for name, doc in prep.documents.items():
+        if doc.column not in columns:
+            problems.append((f"prepare.documents.{name}", f"column {doc.column!r} is not in source.columns ({known})"))
+        if name in columns:
+            problems.append((f"prepare.documents.{name}", f"{name!r} is a source column: name the document's text "
+                             "column anew"))
     made = prep.derived_columns()
     taken = sorted({c for c in made if c in RESERVED_COLUMNS or c.startswith("_")})
     if taken:

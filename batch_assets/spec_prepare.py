@@ -7,7 +7,7 @@ Kept apart from spec.py so that module stays about the cross-field checks; these
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
@@ -70,6 +70,20 @@ class JoinSpec(_Strict):
 
     columns: list[str] = Field(min_length=2, description="Source columns to join, in order.")
     separator: str = Field(default=" ", description="Put between the non-missing values.")
+
+
+class DocumentSpec(_Strict):
+    """A new text column made from each row's document file (PDF, HTML, Markdown or plain text), read by the path or
+    URL in `column` and extracted in the prepare stage (batch_assets/stages/documents.py): PDF through pypdf (the
+    `documents` extra), HTML through selectolax (core), Markdown and text as they are. A file that is missing,
+    encrypted, damaged or holds no text is that row's error, naming the file; the row is never sent."""
+
+    column: str = Field(description="The column holding each row's file: a local path or s3:// URL (a files "
+                        "source's `file_path`, or a table's column of paths).")
+    format: Literal["auto", "pdf", "html", "markdown", "text"] = Field(
+        default="auto",
+        description="auto: by the file's extension (.pdf, .html/.htm, .md/.markdown, else text), and a file that "
+        "starts with %PDF- is a PDF whatever its name. Or one format for every file.")
 
 
 class TrialSpec(_Strict):

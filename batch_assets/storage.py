@@ -194,6 +194,23 @@ def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return LocalFileSystem(), resolve_local(url)
 
 
+def open_input(url: str) -> IO[bytes]:
+    """A source file (a local path or an s3:// URL, as a files source's `file_path` holds it) opened for binary
+    reading, through the same filesystems as the rest of the storage layer (one S3 client per process). Streamed,
+    never read whole here: the stage that needs the bytes reads what it needs, one file at a time. A missing file
+    or object raises FileNotFoundError and a refused one PermissionError, both naming the URL, so the caller can
+    make it that row's error."""
+    fs, path = filesystem_for(url)
+    try:
+        return fs.open(path, "rb")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown_path(url)}: no such file or object") from None
+    except PermissionError as exc:
+        raise PermissionError(f"{shown_path(url)}: access refused ({exc})") from None
+    except IsADirectoryError:
+        raise FileNotFoundError(f"{shown_path(url)}: is a folder, not a file") from None
+
+
 def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
 

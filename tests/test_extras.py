@@ -63,3 +63,15 @@ def test_local_models_name_the_local_extra(monkeypatch: pytest.MonkeyPatch) -> N
         with pytest.raises(MissingExtraError) as info:
             call()
         assert info.value.extra == "local" and 'pip install "batch-assets[local]"' in str(info.value)
+
+
+def test_pdf_documents_name_the_documents_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A PDF in `prepare.documents` without pypdf: the step fails naming the extra (a broken environment is no row
+    error); HTML and Markdown documents need nothing more than the core."""
+    from batch_assets.stages.documents import to_text
+
+    _hide(monkeypatch, "pypdf")
+    with pytest.raises(MissingExtraError) as info:
+        to_text(str(tmp_path / "a.pdf"), b"%PDF-1.7\n")
+    assert info.value.extra == "documents" and 'pip install "batch-assets[documents]"' in str(info.value)
+    assert to_text(str(tmp_path / "a.html"), b"<p>still fine</p>") == "still fine"

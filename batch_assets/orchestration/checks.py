@@ -32,7 +32,7 @@ def source_digest(spec: PipelineSpec, key: str) -> RowIdFingerprint:
     digest = RowIdFingerprint()
     keeps_one = spec.prepare.id_column is not None and spec.prepare.duplicate_ids != "fail"
     ids = UniqueIdChecker() if keeps_one else None
-    for batch in read_partition(spec, resolve_partition(spec, key)):
+    for batch in read_partition(spec, resolve_partition(spec, key), ids_only=True):
         hashes = row_hashes(batch)  # hashed by this read itself (`_row_hash`), not a second time
         if ids is not None:
             ids.add_hashes(hashes)

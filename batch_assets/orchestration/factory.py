@@ -279,10 +279,14 @@ def run_partitions_together(
         with ExitStack() as locks:
             for key in keys:
                 locks.enter_context(partition_lock(root, spec.name, stage, key, on_wait=context.log.info))
-            # one source version for all: the stage reads the same files for every partition of the run
-            inputs = lineage.inputs_for(spec, storage, stage, keys[0], stage_code_version(spec, stage))
+            # one source version for all: the stage reads the same files for every partition of the run; but a
+            # files source's hash shard is versioned by its own files (lineage.own_files), so each has its own
+            code = stage_code_version(spec, stage)
+            first = lineage.inputs_for(spec, storage, stage, keys[0], code)
+            inputs = {k: lineage.inputs_for(spec, storage, stage, k, code)
+                      if k != keys[0] and lineage.versions_per_key(spec) else first for k in keys}
             records = {} if _force_rerun(context) else {
-                k: lineage.matching(storage, spec.name, stage, k, inputs) for k in keys}
+                k: lineage.matching(storage, spec.name, stage, k, inputs[k]) for k in keys}
             if records and all(records.values()):
                 context.log.info(f"{spec.name}/{stage}: all {len(keys)} partitions already made from the same "
                                  f"source and spec; skipped ({lineage.RERUN_TAG}={lineage.FORCE} redoes them)")
@@ -293,7 +297,7 @@ def run_partitions_together(
                 reports = stage_fn(keys)
                 for report in reports:
                     lineage.write_record(storage, spec.name, stage, report.key, lineage.new_record(
-                        inputs, context.run_id, report.path, report.rows_out, report.extra))
+                        inputs[report.key], context.run_id, report.path, report.rows_out, report.extra))
     except PipelineError as exc:
         located = exc.located(pipeline=spec.name)
         if exc.retryable:

@@ -40,9 +40,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import partitions_def_for, resolve_partition
+from batch_assets.partitions import hash_shard_keys, partitions_def_for, resolve_partition, shard_of, stable_hash64
 from batch_assets.spec import PipelineSpec, written_path
+from batch_assets.stages.sources.files import file_infos, file_row_ids
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
 from batch_assets.resources.custom.loading import import_object
@@ -66,6 +69,7 @@ SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 # pipelines' versions from before these fields existed.
 # A dotted name reaches into a subsection (task.structured).
 ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
+                                           "prepare": {"documents": {}},
                                            "task": {"structured.allow_extra_keys": False}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"
@@ -136,11 +140,33 @@ def source_version(spec: PipelineSpec, key: str, storage: ArrowStorage | None = 
     of local digests."""
     root = (storage or ArrowStorage()).resolved_root()
     try:
-        files = resolve_partition(spec, key).files
-        parts = [f"{url}={content_version(url, cache_root=root)}" for url in sorted(files)]
+        files = own_files(spec, key, resolve_partition(spec, key).files)
+        # one listing per folder of many files, not a HEAD per object (a files source of 10,000 objects)
+        infos = {url: info for url, info in file_infos(files).items() if isinstance(info, dict)}
+        parts = [f"{url}={content_version(url, infos.get(url), cache_root=root)}" for url in sorted(files)]
     except (PipelineError, OSError):
         return None
     return "c-" + hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def versions_per_key(spec: PipelineSpec) -> bool:
+    """Whether each hash shard's source version covers only its own files (`own_files`), not the whole source."""
+    return (spec.source.format == "files" and spec.partitioning.kind == "hash"
+            and spec.prepare.id_column in (None, "file_path"))
+
+
+def own_files(spec: PipelineSpec, key: str, files: list[str]) -> list[str]:
+    """The files a partition's source version covers. A files source is one row per file, so its hash shard holds
+    the files whose row id hashes to it: its version covers those alone, and a new or rewritten file makes its own
+    shard run (and pay) again, not every shard. A table's rows can hash to any shard from any file: every shard
+    covers every file. (With prepare.id_column naming file_version or file_size, the id is not known before the
+    file is read: every file.)"""
+    if not versions_per_key(spec):
+        return files
+    count = spec.partitioning.count or 1
+    ids = file_row_ids(spec, files) if spec.prepare.id_column is None else list(files)
+    mine = shard_of(stable_hash64(ids), count) == np.uint64(hash_shard_keys(count).index(key))
+    return [url for url, keep in zip(files, mine.tolist()) if keep]
 
 
 def legacy_source_version(spec: PipelineSpec, key: str) -> str | None:
@@ -151,12 +177,12 @@ def legacy_source_version(spec: PipelineSpec, key: str) -> str | None:
     except (PipelineError, OSError):
         return None
     parts = []
+    infos = file_infos(files)  # one listing per folder of many files, as source_version
     for url in sorted(files):
-        fs, path = filesystem_for(url)
-        try:
-            parts.append(f"{url}={file_version(fs.info(path))}")
-        except (FileNotFoundError, OSError):
+        info = infos.get(url)
+        if not isinstance(info, dict):
             return None
+        parts.append(f"{url}={file_version(info)}")
     return hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=12).hexdigest()
 
 

@@ -32,7 +32,7 @@ DEAD_LETTER_SCHEMA = pa.schema([
 
 _CLASSES = [  # used when the infer stage did not record an `error_class` column itself
     # the prepare stage's reasons (stages/prepare.py, stages/transforms.py) are the input's, never the model's
-    ("input", re.compile(r"^empty input|^bad value|image could not be read|input too long|^column '[^']*'(: value .* "
+    ("input", re.compile(r"^empty input|^bad value|^bad file|image could not be read|document could not be read|input too long|^column '[^']*'(: value .* "
                          r"does not cast| is empty)|^prepare\.function ", re.I)),
     ("transient", re.compile(r"\b(429|5\d\d|timed? ?out|timeout|rate.?limit|connection|retries)\b", re.I)),
 ]

@@ -1,5 +1,5 @@
-"""Preparation: the spec's column transforms, joins and user function, then each row's model input, with rows that
-cannot be an input flagged. (Row ids are proven unique by the read stage, or made so by the spec's
+"""Preparation: the spec's column transforms, documents, joins and user function, then each row's model input, with
+rows that cannot be an input flagged. (Row ids are proven unique by the read stage, or made so by the spec's
 `prepare.duplicate_ids` policy, which the read stage applies: stages/read.py `resolve_duplicates`, 8 bytes a row,
 see batch_assets.reliability.row_ids.)
 
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.documents import extract_documents
 from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.transforms import (
@@ -109,6 +110,7 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: 
         n = batch.num_rows
         problems = pa.nulls(n, pa.string())
         batch, problems = apply_transforms(prep, batch, problems)
+        batch, problems = extract_documents(spec, batch, problems)  # PDF / HTML / Markdown files to text columns
         batch = apply_joins(prep, batch)
         if function is not None:
             batch, problems = function(batch, problems)

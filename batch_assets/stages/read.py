@@ -87,14 +87,16 @@ class ReadErrors:
 
     def check(self, spec: PipelineSpec, key: str, total: int) -> None:
         limit = spec.runtime.max_error_fraction
+        # a format may say what its read errors are (files: a file that could not be stat'ed or hashed)
+        what, fix = getattr(source_module(spec.source.format), "READ_ERRORS", (
+            "hold a value that does not convert to its column's type",
+            "correct the values in the source, or declare those columns as string in source.types (or drop the "
+            "declaration), or raise runtime.max_error_fraction to keep such rows as row errors"))
         if self.rows and self.rows / total > limit:
             raise PipelineError(
-                f"{self.rows} of {total} rows hold a value that does not convert to its column's type "
-                f"({self.rows / total:.1%}, more than runtime.max_error_fraction={limit:g}); first: "
-                f"{self.samples[0].split('. What to do:')[0]}",
-                pipeline=spec.name, partition=key,
-                fix="correct the values in the source, or declare those columns as string in source.types (or "
-                "drop the declaration), or raise runtime.max_error_fraction to keep such rows as row errors",
+                f"{self.rows} of {total} rows {what} ({self.rows / total:.1%}, more than "
+                f"runtime.max_error_fraction={limit:g}); first: {self.samples[0].split('. What to do:')[0]}",
+                pipeline=spec.name, partition=key, fix=fix,
             )
 
     def metadata(self) -> dict[str, Any]:
@@ -157,7 +159,7 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
         bad = ReadErrors()
         try:
             with write_parquet(url) as writer:
-                for batch in read_partition(spec, part, scanned):
+                for batch in read_partition(spec, part, scanned, cache_root=storage.resolved_root()):
                     if duplicates is not None:
                         batch = duplicates.filter(batch)
                     hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
@@ -215,7 +217,7 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
         try:
             with ExitStack() as stack:
                 writers = {k: stack.enter_context(write_parquet(urls[k])) for k in keys}
-                for batch in read_partition(spec, scope, scanned):
+                for batch in read_partition(spec, scope, scanned, cache_root=storage.resolved_root()):
                     for found in (duplicates or {}).values():  # a repeated id lives in one shard (same hash)
                         batch = found.filter(batch)
                     hashes = row_hashes(batch)
@@ -258,31 +260,69 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
                              **_duplicate_metadata(spec, (duplicates or {}).get(k))}) for k in keys]
 
 
-def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None
-                   ) -> Iterator[pa.RecordBatch]:
+def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None,
+                   cache_root: str | None = None, ids_only: bool = False) -> Iterator[pa.RecordBatch]:
     """All rows of one partition, batch by batch, after the partition's row filter; `scanned[0]` counts the rows
-    read before the filter."""
+    read before the filter. `cache_root`: the storage root, where a files source finds the digests of local files
+    the lineage has just taken (stages/sources/versions.py). `ids_only`: the caller reads only the row ids (the
+    rows check), so a files source does not take the files' versions again (a local file's is a read)."""
+    module = source_module(spec.source.format)
+    if hasattr(module, "partition_batches"):  # one row per file: every file of the partition at once
+        try:
+            batches = _file_rows(spec, module, part.files, cache_root, versions=not ids_only)
+            yield from _kept(part, batches, scanned)
+        except PipelineError as exc:
+            raise exc.located(pipeline=spec.name, partition=part.key) from None
+        return
     for url in part.files:
         try:
-            for batch in _read_file(spec, url):
-                if scanned is not None:
-                    scanned[0] += batch.num_rows
-                if part.row_filter is not None:
-                    batch = batch.filter(pa.array(part.row_filter(batch), type=pa.bool_()))
-                if batch.num_rows:
-                    yield batch
+            yield from _kept(part, _read_file(spec, url), scanned)
         except PipelineError as exc:
             raise exc.located(pipeline=spec.name, partition=part.key, file=shown_path(url)) from None
+
+
+def _kept(part: PartitionSlice, batches: Iterator[pa.RecordBatch], scanned: list[int] | None
+          ) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        if scanned is not None:
+            scanned[0] += batch.num_rows
+        if part.row_filter is not None:
+            batch = batch.filter(pa.array(part.row_filter(batch), type=pa.bool_()))
+        if batch.num_rows:
+            yield batch
+
+
+def _file_rows(spec: PipelineSpec, module, urls: list[str], cache_root: str | None, versions: bool = True
+               ) -> Iterator[pa.RecordBatch]:
+    """A files source's rows (stages/sources/files.py) with the lineage columns: the file is `_source_file`, its
+    one row `_source_row` 1, and its id its path below source.path's fixed folder unless prepare.id_column says."""
+    for batch, errors in module.partition_batches(spec, urls, cache_root, versions=versions):
+        n = batch.num_rows
+        urls_now = batch.column("file_path")
+        rows = pa.array(np.ones(n, dtype=np.int64))
+        if spec.prepare.id_column is None:
+            ids = pa.array(module.file_row_ids(spec, urls_now.to_pylist()), pa.string())
+        else:
+            ids = _row_ids(spec, "", batch, rows)
+        hashes = pa.array(stable_hash64(ids.to_pylist()), pa.uint64())
+        yield pa.RecordBatch.from_arrays(
+            [*(batch.column(c) for c in spec.source.columns), ids, urls_now, rows, hashes,
+             pa.array(errors, pa.string()) if any(errors) else pa.nulls(n, pa.string())],
+            names=[*spec.source.columns, *LINEAGE_COLUMNS, READ_ERROR_COLUMN],
+        )
 
 
 def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
     """The schema of the rows a partition's read yields, for a partition that has none: the first batch of its
     files before the row filter (the types the rows would have had), else, for files with a header and no rows,
     the declared columns as the readers type them (csv: text; parquet: the file's own types)."""
+    module = source_module(spec.source.format)
+    if hasattr(module, "partition_batches"):  # files: the columns are the same whatever the files hold
+        return output_schema(spec, module.SCHEMA)
     for url in part.files:
         for batch in _read_file(spec, url):
             return batch.schema
-    stored = source_module(spec.source.format).empty_schema(spec, part.files[0]) if part.files else None
+    stored = module.empty_schema(spec, part.files[0]) if part.files else None
     if stored is not None:
         return output_schema(spec, stored)
     return output_schema(spec, pa.schema([pa.field(c, pa.string()) for c in spec.source.columns]))

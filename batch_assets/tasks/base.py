@@ -233,7 +233,7 @@ TASK_SPECIFIC_TASK_FIELDS = frozenset({"params", "labels", "label_column", "defa
 # The prepare fields that only some task kinds read (each kind lists its own in `prepare_fields`). max_input_tokens
 # has its own message above.
 TASK_PREPARE_FIELDS = frozenset({"template", "system", "text_column", "input_columns", "image_columns",
-                                 "image_max_side"})
+                                 "image_max_side", "documents"})
 
 
 def _length(values: Any) -> int:

@@ -23,7 +23,7 @@ class GenerateTask(TextInput):
     default_output = "generated_text"
     reads = "prompt"
     text_column = "_prompt"
-    prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side"})
+    prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side", "documents"})
     task_fields = frozenset({"params", "labels", "label_column", "default_label", "structured_column"})
     counts_tokens = True
     extra_outputs = ("prompt_tokens", "completion_tokens")

@@ -16,7 +16,7 @@ class TextInput(Task):
 
     reads = "text"
     text_column = "_text"
-    prepare_fields = frozenset({"text_column", "template"})
+    prepare_fields = frozenset({"text_column", "template", "documents"})
 
     @classmethod
     def spec_problems(cls, spec: Spec) -> Problems:

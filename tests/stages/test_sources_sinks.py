@@ -37,6 +37,17 @@ def _write_source(fmt: str, path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", sorted(SOURCES))
 def test_every_registered_source_reads_the_declared_columns(fmt: str, tmp_path: Path) -> None:
+    if fmt == "files":  # the rows are the files themselves: one per file, its declared columns (files.py)
+        url = tmp_path / "a.txt"
+        url.write_text("hello")
+        spec = make_spec(EMBED_SPEC, tmp_path, source={"format": "files", "path": str(tmp_path / "{partition}.txt"),
+                                                      "columns": ["file_path", "file_size"]},
+                         prepare={"id_column": None, "text_column": "file_path"})
+        reader = source_module(fmt)
+        assert [row for batch in reader.batches(spec, str(url)) for row in batch.to_pylist()] == [
+            {"file_path": str(url), "file_size": 5}]
+        assert reader.empty_schema(spec, str(url)).names == ["file_path", "file_size"]
+        return
     spec = make_spec(EMBED_SPEC, tmp_path, source={**EMBED_SPEC["source"], "format": fmt,
                                                   "path": str(tmp_path / f"{{partition}}.{fmt}")})
     url = str(tmp_path / f"a.{fmt}")

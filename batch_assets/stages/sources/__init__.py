@@ -5,6 +5,10 @@ record batches, a PipelineError for what is wrong with the file; and `empty_sche
 a file with no rows when the format stores them (Parquet), else None. The read stage (stages/read.py) adds row ids
 and lineage around them.
 
+A format whose rows are the files themselves (`files`: one row per file, files.py) has `partition_batches(spec,
+urls, cache_root)` instead: the read stage hands it every file of the partition at once, so that a partition of
+10,000 small files is a few batches of `source.batch_rows` rows, not 10,000 batches of one.
+
 A new format is one module here, one line below and a test (docs/concepts.md, "Plugging in").
 Entries are import paths, so that the spec can list the formats without importing every reader.
 """
@@ -18,6 +22,7 @@ SOURCES: dict[str, str] = {
     "csv": "batch_assets.stages.sources.csv",
     "parquet": "batch_assets.stages.sources.parquet",
     "jsonl": "batch_assets.stages.sources.jsonl",
+    "files": "batch_assets.stages.sources.files",
 }
 
 
