@@ -143,10 +143,22 @@ def source_version(spec: PipelineSpec, key: str, storage: ArrowStorage | None = 
         files = own_files(spec, key, resolve_partition(spec, key).files)
         # one listing per folder of many files, not a HEAD per object (a files source of 10,000 objects)
         infos = {url: info for url, info in file_infos(files).items() if isinstance(info, dict)}
-        parts = [f"{url}={content_version(url, infos.get(url), cache_root=root)}" for url in sorted(files)]
+        parts = [f"{url}={_version_of(spec, url, infos.get(url), root)}" for url in sorted(files)]
     except (PipelineError, OSError):
         return None
     return "c-" + hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def _version_of(spec: PipelineSpec, url: str, info: dict[str, Any] | None, root: str) -> str:
+    """A file's content version. A files source reads a file it cannot open as that row's error and publishes the
+    rest, so such a file has a version too (what kept it unread): without one the partition would have none, and
+    every run would make it, and pay for every file in it, again. A table's unreadable file fails the read: raised."""
+    try:
+        return content_version(url, info, cache_root=root)
+    except OSError as exc:
+        if spec.source.format != "files":
+            raise
+        return f"unreadable:{type(exc).__name__}"
 
 
 def versions_per_key(spec: PipelineSpec) -> bool:

@@ -214,7 +214,8 @@ def test_hash_shards_of_a_bucket_list_each_folder_once(s3_bucket: str, tmp_path:
 
 def test_a_file_that_cannot_be_looked_up_is_a_row_error_naming_it(tmp_path: Path) -> None:
     """A dangling link in the folder (its target removed after the listing would look the same): the row is kept
-    with an error naming the file; the other files are published."""
+    with an error naming the file; the other files are published. The partition is not made again while nothing
+    changed (the unreadable file has a version too), and is once the link is mended."""
     docs, log, store = tmp_path / "docs", tmp_path / "model.log", tmp_path / "store"
     write(docs / "kept.txt", "kept\n")
     (docs / "broken.txt").symlink_to(tmp_path / "nowhere.txt")
@@ -227,6 +228,12 @@ def test_a_file_that_cannot_be_looked_up_is_a_row_error_naming_it(tmp_path: Path
     assert rows["broken.txt"]["first_line"] is None
     assert str(docs / "broken.txt") in rows["broken.txt"]["error"]
     assert read_log(log) == [str(docs / "kept.txt")]  # the broken one never reached the model
+    assert run_pipeline(spec, store, ["shard-00-of-01"]).success  # the same files, the link still broken:
+    assert read_log(log) == [str(docs / "kept.txt")]  # nothing is inferred (and paid for) again
+    (tmp_path / "nowhere.txt").write_text("now there\n")  # the link mended: that file is new content
+    assert run_pipeline(spec, store, ["shard-00-of-01"]).success
+    rows = {r["row_id"]: r for r in outputs(store, ["shard-00-of-01"])}
+    assert rows["broken.txt"]["first_line"] == "now there" and rows["broken.txt"]["error"] is None
 
 
 def test_the_files_source_spec(tmp_path: Path) -> None:
