@@ -220,6 +220,12 @@ class PrepareSpec(_Strict):
         description="generate / image tasks: columns holding images (bytes, local paths, s3:// or http(s):// URLs).",
     )
     image_max_side: int = Field(default=768, ge=16, description="Images are resized to fit this many pixels.")
+    file_columns: list[str] = Field(
+        default_factory=list,
+        description="generate: columns holding PDF files (local paths or s3:// URLs, e.g. a files source's "
+        "file_path) sent whole to the model as file parts, for a provider that reads PDFs itself (openai). A file "
+        "that is missing, not a PDF, encrypted or over 32 MiB is a row error naming it. See docs/files-as-data.md.",
+    )
     max_input_tokens: PositiveInt | Literal["model"] | None = Field(
         default=None,
         description="embed / classify / generate: the longest input sent to the model, in the model's tokens (the "
@@ -688,6 +694,8 @@ class PipelineSpec(_Strict):
             need_column("prepare.input_columns", col)
         for col in prep.image_columns:
             need_column("prepare.image_columns", col)
+        for col in prep.file_columns:
+            need_column("prepare.file_columns", col)
         for field in prep.template_fields():
             if not field.isidentifier():
                 problems.append(("prepare.template", f"field {{{field}}} must be a plain column name"))
@@ -734,6 +742,9 @@ class PipelineSpec(_Strict):
             problems += provider_config_problems(self.model.provider, self.model.config)
             if not supports(provider_class(self.model.provider), task.kind):
                 problems.append(("task.kind", f"provider {self.model.provider!r} cannot run task {task.kind!r}"))
+            if prep.file_columns and not provider_class(self.model.provider).accepts_file_parts:
+                problems.append(("prepare.file_columns", f"provider {self.model.provider!r} does not take documents "
+                                 "as file parts: use prepare.documents to send their text instead"))
 
         reserved_source = sorted(RESERVED_COLUMNS & columns)
         if reserved_source:
@@ -772,6 +783,7 @@ class PipelineSpec(_Strict):
             "prepare.join": any(label in join.columns for join in prep.join.values()),
             "prepare.input_columns": label in (prep.input_columns or []),
             "prepare.image_columns": label in prep.image_columns,
+            "prepare.file_columns": label in prep.file_columns,
         }
         problems = [(field, f"uses the evaluation label column {label!r}: the model would see the answer")
                     for field, used in uses.items() if used]

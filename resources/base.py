@@ -88,6 +88,9 @@ class ModelResource(dg.ConfigurableResource):
     # result)` and call it as each row's answer arrives, so the infer loop journals every answer within about a
     # second (batch_assets/reliability/journal.py) and a crash costs only the requests in flight.
     answers_each_row: ClassVar[bool] = False
+    # Takes documents as file parts of a chat message (`{"type": "file", "file": {"filename", "file_data"}}`, OpenAI's
+    # form for PDFs): `prepare.file_columns` is refused for a provider that does not declare it.
+    accepts_file_parts: ClassVar[bool] = False
     # What to check when the model's answers ignore the output constraint (the fix of the error that stops a run
     # whose structured answers do not parse).
     unparseable_hint: ClassVar[str] = ("the model's answers ignore the constraint: check the provider supports "

@@ -307,10 +307,18 @@ def image_content_part(image_bytes: bytes, mime: str | None = None, *, detail: s
     return {"type": "image_url", "image_url": image_url}
 
 
+def file_content_part(filename: str, data: bytes, mime: str = "application/pdf") -> dict[str, Any]:
+    """An OpenAI chat content part carrying a document: {"type": "file", "file": {"filename", "file_data"}}."""
+    return {"type": "file",
+            "file": {"filename": filename, "file_data": f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"}}
+
+
 def build_user_content(
-    text: str | None, images: Sequence[bytes | PreparedImage | str], *, detail: str | None = None
+    text: str | None, images: Sequence[bytes | PreparedImage | str], *, detail: str | None = None,
+    files: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """The `content` list of one user message: the text part, then one image part per image.
+    """The `content` list of one user message: the text part, then one image part per image, then one file part
+    per document (`files`: {"filename": ..., "data": bytes}).
 
     Images must already be prepared: encoded bytes, PreparedImage, or a data:/http(s) URL to pass through as is
     (the endpoint then fetches it). A path or s3:// URL here is an error: decode it in the prepare stage.
@@ -335,4 +343,6 @@ def build_user_content(
                 f"image {position} ({describe_ref(image)}) is not prepared: run prepare_images() on the image column "
                 "in the prepare stage and pass the resulting bytes"
             )
+    for document in files:
+        parts.append(file_content_part(document["filename"], document["data"]))
     return parts

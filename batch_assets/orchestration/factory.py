@@ -396,7 +396,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def prepared(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         _free_dead_pool_slots(context, spec)
-        model_input = [c for c in task_type(spec).model_input(spec) if c != "_images"]  # encoded images: no preview
+        # encoded images and documents: no preview
+        model_input = [c for c in task_type(spec).model_input(spec) if c not in ("_images", "_files")]
 
         def one(key: str) -> PartitionReport:
             report = run_prepare(spec, storage, key)

@@ -69,7 +69,7 @@ SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 # pipelines' versions from before these fields existed.
 # A dotted name reaches into a subsection (task.structured).
 ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
-                                           "prepare": {"documents": {}},
+                                           "prepare": {"documents": {}, "file_columns": []},
                                            "task": {"structured.allow_extra_keys": False}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"

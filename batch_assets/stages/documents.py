@@ -33,6 +33,8 @@ from batch_assets.storage import open_input, shown_path
 MAX_DOCUMENT_BYTES = 100 * 2**20  # a larger "document" is almost certainly the wrong file
 READ_THREADS = 4  # S3 reads wait on the network; parsing is done on the stage's own thread after that
 PROBLEM = "document could not be read"  # how each reason starts (dead_letters.py classifies it as an input error)
+MAX_FILE_PART_BYTES = 32 * 2**20  # OpenAI takes at most 32 MB of files in one request
+FILE_PARTS = pa.list_(pa.struct([pa.field("filename", pa.string()), pa.field("data", pa.binary())]))
 EXTENSIONS = {".pdf": "pdf", ".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
 
 
@@ -67,7 +69,41 @@ def extract_documents(spec: Any, batch: pa.RecordBatch, problems: pa.Array) -> t
     return pa.RecordBatch.from_arrays(arrays, names=names), pa.array(reasons, pa.string())
 
 
-def _read(ref: Any) -> bytes | str | None:
+def prepare_file_parts(spec: Any, batch: pa.RecordBatch) -> tuple[pa.Array, list[str | None]]:
+    """`prepare.file_columns`: each row's PDFs as (filename, bytes) for the request's file parts, read and checked
+    here (a PDF, not encrypted, readable) so that the request loop only base64-wraps them; and each row's problem. A
+    scanned PDF is fine here: a model that reads PDFs sees its pages."""
+    n = batch.num_rows
+    per_row: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    problems: list[str | None] = [None] * n
+    for column in spec.prepare.file_columns:
+        refs = batch.column(column).to_pylist()
+        with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, len(refs)))) as pool:
+            contents = list(pool.map(lambda ref: _read(ref, MAX_FILE_PART_BYTES), refs))
+        for i, (ref, content) in enumerate(zip(refs, contents)):
+            if content is None:
+                content = f"column {column!r} is empty: no file to send"
+            elif isinstance(content, bytes):
+                try:
+                    check_pdf(shown_path(ref), content)
+                except DocumentError as exc:
+                    content = str(exc)
+            if isinstance(content, str):
+                problems[i] = problems[i] or f"{PROBLEM}: column {column!r}: {content}"
+            else:
+                per_row[i].append({"filename": ref.rsplit("/", 1)[-1], "data": content})
+    return pa.array(per_row, FILE_PARTS), problems
+
+
+def check_pdf(where: str, data: bytes) -> None:
+    """A readable, unencrypted PDF, or DocumentError naming the file (the model could not open it either)."""
+    if not data[:1024].lstrip().startswith(b"%PDF-"):
+        raise DocumentError(f"{where} is not a PDF (only PDFs are sent as file parts; send other documents as "
+                            "text with prepare.documents)")
+    pdf_pages(where, data)
+
+
+def _read(ref: Any, limit: int = MAX_DOCUMENT_BYTES) -> bytes | str | None:
     """The file's bytes, the problem (a str naming the file), or None for a row with no file (an empty input)."""
     if ref is None or (isinstance(ref, str) and not ref.strip()):
         return None
@@ -75,15 +111,15 @@ def _read(ref: Any) -> bytes | str | None:
         return f"{ref!r} is not a path or URL (the column holds {type(ref).__name__} values)"
     try:
         with open_input(ref) as f:
-            data = f.read(MAX_DOCUMENT_BYTES + 1)
+            data = f.read(limit + 1)
     except FileNotFoundError as exc:
         return f"{exc}; check the path, or that the file was uploaded"
     except PermissionError as exc:
         return f"{exc}; check the credentials where the pipeline runs"
     except OSError as exc:
         return f"{shown_path(ref)} could not be read ({type(exc).__name__}: {exc})"
-    if len(data) > MAX_DOCUMENT_BYTES:
-        return f"{shown_path(ref)} is over {MAX_DOCUMENT_BYTES // 2**20} MiB: split it, or leave it out"
+    if len(data) > limit:
+        return f"{shown_path(ref)} is over {limit // 2**20} MiB: split it, or leave it out"
     return data
 
 
@@ -120,6 +156,16 @@ def to_text(ref: str, data: bytes, declared: str = "auto") -> str:
 
 def pdf_text(where: str, data: bytes) -> str:
     """The text of every page, pages apart by a blank line. Encrypted or damaged: DocumentError."""
+    pages = pdf_pages(where, data)
+    try:
+        return "\n\n".join((page.extract_text() or "").strip() for page in pages).strip()
+    except Exception as exc:  # pypdf raises many types on a damaged file; this one file is that row's error
+        raise DocumentError(f"{where} is not a readable PDF ({type(exc).__name__}: {str(exc)[:200]}); re-export "
+                            "it, or leave it out") from None
+
+
+def pdf_pages(where: str, data: bytes) -> list[Any]:
+    """The pages of an unencrypted (or only owner-protected) PDF. Encrypted or damaged: DocumentError."""
     try:
         from pypdf import PdfReader  # the `documents` extra: imported only by pipelines that read PDFs
     except ImportError as exc:
@@ -136,7 +182,10 @@ def pdf_text(where: str, data: bytes) -> str:
             if not opened:
                 raise DocumentError(f"{where}: the PDF is encrypted (it needs a password to open); decrypt it "
                                     "first (e.g. qpdf --decrypt --password=... in.pdf out.pdf) or leave it out")
-        return "\n\n".join((page.extract_text() or "").strip() for page in reader.pages).strip()
+        pages = list(reader.pages)
+        if not pages:
+            raise DocumentError(f"{where} is a PDF with no pages; re-export it, or leave it out")
+        return pages
     except (DocumentError, MissingExtraError):
         raise
     except Exception as exc:  # pypdf raises many types on a damaged file; this one file is that row's error

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
-from batch_assets.stages.documents import extract_documents
+from batch_assets.stages.documents import extract_documents, prepare_file_parts
 from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.transforms import (
@@ -143,6 +143,10 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: 
             images, image_problems = prepare_images(spec, batch)
             problems = pc.coalesce(problems, pa.array(image_problems, pa.string()))
             extra["_images"] = images
+        if prep.file_columns and reads == "prompt":  # PDFs sent whole, as file parts
+            files, file_problems = prepare_file_parts(spec, batch)
+            problems = pc.coalesce(problems, pa.array(file_problems, pa.string()))
+            extra["_files"] = files
         if "_read_error" in batch.schema.names:  # a value that did not convert at read (stages/sources/types.py)
             problems = pc.coalesce(batch.column("_read_error"), problems)
         flags = pc.is_valid(problems)

@@ -34,7 +34,8 @@ TRUNCATED_COLUMN = "input_truncated"
 # Columns the stages add to every row (lineage, preparation, the infer loop's error column): no source column or
 # model output may take these names, or one would overwrite the other after the model was paid for.
 RESERVED_COLUMNS = frozenset({ERROR_COLUMN, "row_id", "_source_file", "_source_row", "_input_empty",
-                              "_input_problem", "_read_error", "_text", "_prompt", "_images", TRUNCATED_COLUMN})
+                              "_input_problem", "_read_error", "_text", "_prompt", "_images", "_files",
+                              TRUNCATED_COLUMN})
 
 Problems = list[tuple[str, str]]  # (spec field, what is wrong), as PipelineSpec's check reports them
 
@@ -233,7 +234,7 @@ TASK_SPECIFIC_TASK_FIELDS = frozenset({"params", "labels", "label_column", "defa
 # The prepare fields that only some task kinds read (each kind lists its own in `prepare_fields`). max_input_tokens
 # has its own message above.
 TASK_PREPARE_FIELDS = frozenset({"template", "system", "text_column", "input_columns", "image_columns",
-                                 "image_max_side", "documents"})
+                                 "image_max_side", "documents", "file_columns"})
 
 
 def _length(values: Any) -> int:

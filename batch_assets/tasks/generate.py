@@ -23,7 +23,8 @@ class GenerateTask(TextInput):
     default_output = "generated_text"
     reads = "prompt"
     text_column = "_prompt"
-    prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side", "documents"})
+    prepare_fields = frozenset({"template", "system", "image_columns", "image_max_side", "documents",
+                                "file_columns"})
     task_fields = frozenset({"params", "labels", "label_column", "default_label", "structured_column"})
     counts_tokens = True
     extra_outputs = ("prompt_tokens", "completion_tokens")
@@ -49,11 +50,13 @@ class GenerateTask(TextInput):
     @classmethod
     def source_columns(cls, spec: Spec) -> list[str]:
         prep = spec.prepare
-        return prep.template_fields() + [c for c in prep.image_columns if c not in prep.template_fields()]
+        return prep.template_fields() + [c for c in [*prep.image_columns, *prep.file_columns]
+                                         if c not in prep.template_fields()]
 
     @classmethod
     def model_input(cls, spec: Spec) -> list[str]:
-        return ["_prompt", "_images"] if spec.prepare.image_columns else ["_prompt"]
+        return (["_prompt"] + (["_images"] if spec.prepare.image_columns else [])
+                + (["_files"] if spec.prepare.file_columns else []))
 
     @classmethod
     def user_column(cls, spec: Spec) -> str:
@@ -83,12 +86,13 @@ class GenerateTask(TextInput):
     def _inputs(self, batch: pa.RecordBatch, sent: np.ndarray, prompts: list[str]) -> list[list[dict[str, Any]]]:
         """One conversation per sent row; `prompts` are the sent rows' prompts, in order."""
         images = batch.column("_images").to_pylist() if "_images" in batch.schema.names else None
+        files = batch.column("_files").to_pylist() if "_files" in batch.schema.names else None
         system = [{"role": "system", "content": self.spec.prepare.system}] if self.spec.prepare.system else []
         conversations = []
         for i, prompt in zip(sent.tolist(), prompts):
             content: Any = prompt
-            if images is not None and images[i]:
-                content = build_user_content(prompt, images[i])
+            if (images is not None and images[i]) or (files is not None and files[i]):
+                content = build_user_content(prompt, images[i] if images else [], files=files[i] if files else ())
             conversations.append([*system, {"role": "user", "content": content}])
         return conversations
 

@@ -138,6 +138,7 @@ class OpenAICompatibleProvider(ModelResource):
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
     answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
+    accepts_file_parts: ClassVar[bool] = True  # OpenAI reads PDFs sent as file parts (a server may refuse them)
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
     unparseable_hint: ClassVar[str] = (
         "the endpoint did not enforce the output format: check model.config constraint_backend (response_format "

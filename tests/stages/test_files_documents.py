@@ -188,3 +188,39 @@ def test_the_documents_spec(tmp_path: Path) -> None:
     embed = parse_spec({**raw, "prepare": {"documents": {"body": {"column": "file_path"}}, "text_column": "body"},
                         "task": {"kind": "embed"}, "model": {"provider": "sentence_transformers", "config": {}}})
     assert embed.prepare.derived_columns() == ["body"]
+
+
+def test_pdfs_sent_whole_as_file_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare.file_columns`: each PDF reaches the endpoint whole, as a file part beside the prompt (a scan too: a
+    model that reads PDFs sees its pages); a locked, damaged or non-PDF file is a row error naming it, never sent."""
+    import base64
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-loopback")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    files = document_files()
+    for name in ("contract.pdf", "scan.pdf", "locked.pdf", "damaged.pdf", "notes.md"):
+        (docs / name).write_bytes(files[name])
+    with FaultProxy(lambda key, n: Reply(lambda body: completion("summary", body))) as proxy:
+        raw = summaries_spec({"format": "files", "path": f"{docs}/*"}, proxy.url, "file_path")
+        raw["prepare"] = {"file_columns": ["file_path"], "template": "Summarize the attached document."}
+        assert run_pipeline(parse_spec(raw), tmp_path / "store", ["shard-00-of-01"]).success
+        bodies = [a.body for a in proxy.attempts]
+    sent = {}
+    for body in bodies:
+        text, part = body["messages"][-1]["content"]
+        assert text == {"type": "text", "text": "Summarize the attached document."} and part["type"] == "file"
+        header, data = part["file"]["file_data"].split(",", 1)
+        assert header == "data:application/pdf;base64"
+        sent[part["file"]["filename"]] = base64.b64decode(data)
+    assert sent == {"contract.pdf": files["contract.pdf"], "scan.pdf": files["scan.pdf"]}  # whole, byte for byte
+    rows = {r["row_id"]: r for r in pq.read_table(tmp_path / "store" / "summaries" / "output" /
+                                                  "shard-00-of-01.parquet").to_pylist()}
+    assert sorted(rows) == sorted(["contract.pdf", "scan.pdf", "locked.pdf", "damaged.pdf", "notes.md"])
+    assert rows["contract.pdf"]["generated_text"] == rows["scan.pdf"]["generated_text"] == "summary"
+    for name, reason in {"locked.pdf": "the PDF is encrypted", "damaged.pdf": "damaged.pdf",
+                         "notes.md": "is not a PDF"}.items():
+        assert rows[name]["generated_text"] is None
+        assert f"{docs}/{name}" in rows[name]["error"] and reason in rows[name]["error"], rows[name]["error"]
+    with pytest.raises(SpecError, match=r"prepare.file_columns: provider 'transformers' does not take documents"):
+        parse_spec({**raw, "model": {"provider": "transformers", "config": {}}})
