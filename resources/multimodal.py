@@ -113,6 +113,10 @@ def _read_s3(url: str, fs: Any) -> bytes:
         raise FileNotFoundError(f"image {url!r} not found in S3") from None
     except PermissionError as exc:
         raise ImageLoadError(f"image {url!r}: access denied ({exc}); check the AWS credentials") from None
+    except OSError as exc:
+        if "not satisfiable" not in str(exc):
+            raise ImageLoadError(f"image {url!r} could not be read from S3 ({exc})") from None
+        data = b""  # a zero-byte object: S3 refuses any byte range of it (416), and it holds no image either
     if len(data) > MAX_DOWNLOAD_BYTES:
         raise ImageLoadError(f"image {url!r} is over the {MAX_DOWNLOAD_BYTES}-byte limit")
     return data

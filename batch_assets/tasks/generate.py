@@ -101,6 +101,7 @@ class GenerateTask(TextInput):
 
     def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
         task, sent, errors = self.spec.task, plan.sent, plan.errors
+        results = results or []  # None: no row of the chunk was sent (every input empty or unreadable)
         note_row_errors(results, sent, errors)
         texts = scatter([r.text for r in results], sent, n)
         names = [self.output_column, "prompt_tokens", "completion_tokens"]

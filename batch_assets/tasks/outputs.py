@@ -52,6 +52,7 @@ class Labels(Task):
         return (self.spec.task.labels,)
 
     def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
+        results = results or []  # None: no row of the chunk was sent (every image unreadable, every input empty)
         note_row_errors(results, plan.sent, plan.errors)
         labels = scatter([r.label for r in results], plan.sent, n)
         scores = scatter([r.score for r in results], plan.sent, n)

@@ -61,11 +61,12 @@ def document_files() -> dict[str, bytes]:
         "scan.pdf": pdf_bytes(["(a picture of text)"], text=False),
         "policy.html": HTML.encode(),
         "notes.md": MARKDOWN.encode(),
+        "empty.html": b"",  # a zero-byte file is a row too, with its error
     }
 
 
 EXPECTED_ERRORS = {"locked.pdf": "the PDF is encrypted", "damaged.pdf": "damaged.pdf",
-                   "scan.pdf": "the PDF has no text layer"}
+                   "scan.pdf": "the PDF has no text layer", "empty.html": "holds no text (0 bytes)"}
 
 
 def completion(text: str, body: dict[str, Any]) -> dict[str, Any]:

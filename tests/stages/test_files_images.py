@@ -26,7 +26,8 @@ KEY = "shard-00-of-01"
 
 
 def pictures(folder: Path) -> dict[str, Path]:
-    """Three red and three blue pictures (PNG and JPEG), a text file named like a picture, and a truncated PNG."""
+    """Three red and three blue pictures (PNG and JPEG), a text file named like a picture, a truncated PNG and an
+    empty file."""
     folder.mkdir(parents=True, exist_ok=True)
     made = {}
     for i in range(3):
@@ -37,10 +38,12 @@ def pictures(folder: Path) -> dict[str, Path]:
     whole = made["red-0.png"].read_bytes()
     (folder / "cut.png").write_bytes(whole[: len(whole) // 2])
     made["cut.png"] = folder / "cut.png"
+    (folder / "empty.png").write_bytes(b"")
+    made["empty.png"] = folder / "empty.png"
     return made
 
 
-BAD = ("notes.png", "cut.png")
+BAD = ("notes.png", "cut.png", "empty.png")
 
 
 def image_spec(path: str, task: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
