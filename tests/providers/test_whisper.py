@@ -10,6 +10,7 @@ import tracemalloc
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from batch_assets.resources.errors import ModelLoadError
@@ -126,3 +127,42 @@ def test_the_device_follows_the_steps_gpu_grant(monkeypatch: pytest.MonkeyPatch)
 def test_a_language_an_english_model_cannot_speak_fails_the_load() -> None:
     with pytest.raises(ModelLoadError, match="English-only model"):
         FasterWhisperTranscriber(language="de").load_for_tests()
+
+
+def _packed(*spans: tuple[float, float]):
+    from batch_assets.resources.whisper.provider import GAP_S, _Part, _Window
+
+    parts, at = [], 0.0
+    for row, (offset, duration) in enumerate(spans):
+        parts.append(_Part(row, offset, duration, np.zeros(1, np.float32), at_s=at))
+        at += duration + GAP_S
+    return _Window(parts, np.zeros(1), packed=True)
+
+
+def test_a_packed_windows_segments_go_to_the_clip_they_fall_in() -> None:
+    from batch_assets.resources.whisper.provider import _place
+
+    window = _packed((1.5, 3.0), (0.0, 4.0), (12.0, 2.0))  # clips at 0-3, 4-8 and 9-11 s of the window
+    placed = _place(window, [(0.0, 3.2, "first call"), (3.8, 6.0, "second call,"), (6.0, 8.0, "continued"),
+                             (9.0, 11.2, "third call")])
+    assert [[(s.start, s.end, s.text) for s in found] for found in placed] == [
+        [(1.5, 4.5, "first call")], [(0.0, 2.0, "second call,"), (2.0, 4.0, "continued")],
+        [(12.0, 14.0, "third call")]]  # file seconds, clamped to each clip
+    # a segment across two clips, or a clip left without text: the window is decoded clip by clip instead
+    assert _place(window, [(0.0, 6.0, "first call second call"), (9.0, 11.0, "third call")]) is None
+    assert _place(window, [(0.0, 3.0, "first call"), (4.0, 8.0, "second call")]) is None
+
+
+def test_packed_and_unpacked_give_every_file_its_own_words(whisper: FasterWhisperTranscriber) -> None:
+    """Packing short calls into shared windows changes which clips the encoder sees together, never which file a
+    word goes to: both ways every transcript is nearest its own sentence."""
+    folder, corpus = speech_corpus_fixture()
+    files = [_file(folder / c.name) for c in corpus]
+    packed = FasterWhisperTranscriber(batch_size=4, pack_clips=True).load_for_tests().transcribe(files)
+    unpacked = whisper.transcribe(files)
+    for results in (packed, unpacked):
+        for clip, result in zip(corpus, results):
+            own = word_error_rate([clip.text], [result.text])
+            assert all(word_error_rate([c.text], [result.text]) > own for c in corpus if c is not clip), result.text
+    print(f"WER packed {word_error_rate([c.text for c in corpus], [r.text for r in packed]):.3f}, unpacked "
+          f"{word_error_rate([c.text for c in corpus], [r.text for r in unpacked]):.3f}")
