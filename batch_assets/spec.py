@@ -213,7 +213,8 @@ class PrepareSpec(_Strict):
         default=None, description="embed / classify: the column holding the text (or use template for several)."
     )
     input_columns: list[str] | None = Field(
-        default=None, description="predict: columns handed to the model class (default: all source columns)."
+        default=None, description="predict: columns handed to the model class (default: all source columns); "
+        "transcribe: the one column holding each row's audio file path or s3:// URL (file_path)."
     )
     image_columns: list[str] = Field(
         default_factory=list,
@@ -293,9 +294,10 @@ class GenerationParamsSpec(_Strict):
 
 
 class TaskSpec(_Strict):
-    kind: Literal["embed", "generate", "classify", "predict", "embed_image", "classify_image"]
+    kind: Literal["embed", "generate", "classify", "predict", "embed_image", "classify_image", "transcribe"]
     output_column: str | None = Field(
-        default=None, description="Where the model output goes (default by kind: embedding, generated_text, label)."
+        default=None, description="Where the model output goes (default by kind: embedding, generated_text, label, "
+        "text for transcribe, which also writes language, duration_s and segments)."
     )
     params: GenerationParamsSpec = Field(default_factory=GenerationParamsSpec, description="generate: sampling.")
     labels: list[str] | None = Field(

@@ -194,15 +194,16 @@ def filesystem_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return LocalFileSystem(), resolve_local(url)
 
 
-def open_input(url: str) -> IO[bytes]:
+def open_input(url: str, block_size: int | None = None) -> IO[bytes]:
     """A source file (a local path or an s3:// URL, as a files source's `file_path` holds it) opened for binary
     reading, through the same filesystems as the rest of the storage layer (one S3 client per process). Streamed,
     never read whole here: the stage that needs the bytes reads what it needs, one file at a time. A missing file
     or object raises FileNotFoundError and a refused one PermissionError, both naming the URL, so the caller can
-    make it that row's error."""
+    make it that row's error. `block_size`: how much an object store reads ahead per request (s3fs's default when
+    None); a local file ignores it."""
     fs, path = filesystem_for(url)
     try:
-        return fs.open(path, "rb")
+        return fs.open(path, "rb") if block_size is None else fs.open(path, "rb", block_size=block_size)
     except FileNotFoundError:
         raise FileNotFoundError(f"{shown_path(url)}: no such file or object") from None
     except PermissionError as exc:

@@ -73,7 +73,7 @@ class Knobs:
         self.memory_rows = _int("BENCH_MEMORY_ROWS", 20 if tiny else 2_000 if full else 1_000)
         self.backfill_partitions = _int("BENCH_BACKFILL_PARTITIONS", 3 if tiny else 10)
         self.backfill_rows = _int("BENCH_BACKFILL_ROWS", 5 if tiny else 100)
-        default_sections = "embed,api,orchestration,generate,memory,start"
+        default_sections = "embed,api,orchestration,generate,memory,start,transcribe"
         self.sections = [s for s in os.environ.get("BENCH_SECTIONS", default_sections).split(",") if s]
         self.peers = os.environ.get("BENCH_PEERS", "0" if tiny else "1") == "1"
 

@@ -33,6 +33,8 @@ TARGETS = [
      "tiny one-partition materialization ÷ bare no-op materialize (API pipeline: no model in process)"),
     ("start", "ours_minus_raw_s", 3.0, "<=",
      "a 5-row partition via `dg launch`, whole process: seconds beyond the raw script on the same 5 rows"),
+    ("transcribe", "ours_vs_raw_whole_process", 1.0, ">=", "transcription, whole process, ours ÷ raw faster-whisper script"),
+    ("transcribe", "ours_vs_faster_peer", 1.25, ">=", "transcription, ours ÷ the faster of Daft `@daft.cls` and Ray Data"),
 ]
 
 
@@ -114,6 +116,21 @@ def _phases(title: str, section: dict[str, Any], raw_name: str) -> list[str]:
     return lines
 
 
+def _transcribe_table(tr: dict[str, Any] | None) -> list[str]:
+    if not tr or "variants" not in tr:
+        return []
+    lines = ["", f"#### Transcription: {tr['files']} short calls ({tr['audio_s']:.0f} s of espeak-ng speech, WAV/FLAC/"
+             f"MP3/OGG, some with silence and noise), Whisper tiny.en int8 on CPU, beam 5, VAD on; median of "
+             f"{tr['repeats']} interleaved runs; WER against the spoken text", ""]
+    lines += _variants_table(tr, [("speed_vs_raw", "speed ÷ raw", "ratio"), ("infer_s", "raw transcribe s", "s"),
+                                  ("inferred_s", "our infer step s", "s")])
+    lines += ["", "Word error rate of each variant's output: " + "; ".join(
+        f"{name} {_fmt((v.get('wer') or {}).get('value'), 3)}"
+        + (f" ({v['wer']['missing_files']} files missing)" if (v.get("wer") or {}).get("missing_files") else "")
+        for name, v in tr["variants"].items()) + "."]
+    return lines
+
+
 def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
     m = meta.get("machine", {})
     lines = [
@@ -188,6 +205,7 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
                   f"script on the same rows), median of {start['repeats']} interleaved runs", ""]
         lines += _variants_table(start, [("model_loads", "model loads", "s")])
         lines += _phases("Start", start, "raw script, 5 rows")
+    lines += _transcribe_table(results.get("transcribe"))
     for name, section in results.items():
         if "error" in section:
             lines += ["", f"Section `{name}` failed: see bench/results/{name}.json."]

@@ -1,6 +1,7 @@
 """`make bench`: every variant of every job as a whole process, interleaved and repeated, in one run.
 
-Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory, start.
+Sections (BENCH_SECTIONS, comma-separated; default all): embed, api, orchestration, generate, memory, start,
+transcribe (BENCH_SPEECH_COPIES: renditions of the speech corpus's 24 sentences).
 Sizes: BENCH_PROFILE=quick (default) | full (the issue's sizes) | tiny (smoke test), and
 BENCH_DOCS, BENCH_PROMPTS, BENCH_API_REQUESTS, BENCH_API_LATENCY, BENCH_REPEATS, ... (bench/common.py).
 BENCH_PEERS=0 skips Daft and Ray (no peers virtualenv needed).
@@ -390,9 +391,93 @@ def bench_start(knobs: Knobs) -> dict[str, Any]:
         "ours_minus_raw_s": round(mine - raw, 2) if raw and mine else None, "ours_vs_raw": ratio(raw, mine)}}
 
 
+# -- transcription (issue 26) ---------------------------------------------------------------------------------------
+RAW_TRANSCRIBE = "raw faster-whisper script"
+DAFT_TRANSCRIBE = "Daft @daft.cls (the post's FasterWhisperTranscriber)"
+RAY_TRANSCRIBE = "Ray Data map_batches"
+SPEECH_COPIES = {"tiny": 1, "quick": 4, "full": 10}  # renditions of each of the corpus's 24 sentences
+
+
+def bench_transcribe(knobs: Knobs) -> dict[str, Any]:
+    """The same folder of short calls (espeak-ng speech, some with silence and noise, WAV/FLAC/MP3/OGG) transcribed
+    by the raw faster-whisper script, our pipeline, Daft's `@daft.cls` and Ray Data's `map_batches`, all with Whisper
+    tiny.en at int8 on CPU, beam 5, VAD on; each variant's word error rate against the spoken text beside its time,
+    so a faster variant cannot be a sloppier one."""
+    sys.path.insert(0, str(ROOT))  # tests/audio_corpus.py: the corpus the tests use
+    from tests.audio_corpus import corpus, word_error_rate
+
+    copies = int(os.environ.get("BENCH_SPEECH_COPIES", SPEECH_COPIES.get(knobs.profile, 4)))
+    audio = WORK / "data" / f"speech-{copies}"
+    clips = corpus(audio, copies)
+    truth = {c.name: c.text for c in clips}
+    table = WORK / "data" / f"speech-{copies}-table"
+    table.mkdir(parents=True, exist_ok=True)
+    for i, key in enumerate(ours.KEYS):
+        (table / f"{key}.jsonl").write_text("".join(
+            json.dumps({"call_id": c.name, "file_path": str(audio / c.name)}) + "\n"
+            for c in clips[i::len(ours.KEYS)]))
+    pattern = str(audio / "call-*")
+    out = WORK / "out"
+    spec = ours.transcribe_spec("bench_transcribe", table, ours.KEYS)
+    variants: dict[str, Variant] = {
+        RAW_TRANSCRIBE: lambda r: run_process(
+            [str(OUR_PY), str(BENCH / "raw_transcribe.py"), "--input", pattern, "--output",
+             str(out / "raw_transcribe.parquet")], log=WORK / "logs" / f"raw-transcribe-{r}.log"),
+        OURS: lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
+    }
+    if peers_ready(knobs):
+        variants[DAFT_TRANSCRIBE] = lambda r: _peer(
+            "daft_transcribe.py", ["--input", pattern, "--output", _fresh(out / "daft_transcribe")],
+            f"daft-transcribe-{r}")
+        variants[RAY_TRANSCRIBE] = lambda r: _peer(
+            "ray_transcribe.py", ["--input", pattern, "--output", _fresh(out / "ray_transcribe")],
+            f"ray-transcribe-{r}")
+    runs = interleave(variants, knobs.repeats_for("transcribe"))
+    res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "model_loads", *PHASES))
+    outputs = {RAW_TRANSCRIBE: (out / "raw_transcribe.parquet", "path", "text"),
+               OURS: (out / spec["name"], "call_id", "text"),
+               DAFT_TRANSCRIBE: (out / "daft_transcribe", "path", "result.transcript"),
+               RAY_TRANSCRIBE: (out / "ray_transcribe", "path", "text")}
+    for name, (where, key, column) in outputs.items():
+        if name in res and where.exists():
+            res[name]["wer"] = _transcript_wer(where, key, column, truth, word_error_rate)
+    raw = med(res, RAW_TRANSCRIBE)
+    _add_speed_vs_raw(res, raw)
+    mine = med(res, OURS)
+    peers = [m for m in (med(res, DAFT_TRANSCRIBE), med(res, RAY_TRANSCRIBE)) if m]
+    return {"files": len(clips), "audio_s": round(_corpus_seconds(audio, clips), 1),
+            "repeats": knobs.repeats_for("transcribe"), "variants": res,
+            "ratios": {"ours_vs_raw_whole_process": ratio(raw, mine),
+                       "ours_vs_faster_peer": ratio(min(peers), mine) if peers else None}}
+
+
+def _transcript_wer(where: Path, key: str, column: str, truth: dict[str, str], wer: Callable[..., float]) -> Any:
+    """The word error rate of one variant's transcripts (read back from what it wrote) against the spoken text;
+    a file missing from its output counts as an empty transcript."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(where), format="parquet").to_table()
+    if "." in column:
+        parent, child = column.split(".")
+        texts = [v[child] if v else None for v in table.column(parent).to_pylist()]
+    else:
+        texts = table.column(column).to_pylist()
+    got = {Path(str(k)).name: t for k, t in zip(table.column(key).to_pylist(), texts)}
+    names = sorted(truth)
+    return {"value": round(wer([truth[n] for n in names], [got.get(n) or "" for n in names]), 4),
+            "missing_files": sum(n not in got for n in names)}
+
+
+def _corpus_seconds(folder: Path, clips: list[Any]) -> float:
+    """Seconds of audio in the corpus, as sox measures them (`soxi -T`: the total over the files)."""
+    proc = subprocess.run(["soxi", "-T", "-D", *(str(folder / c.name) for c in clips)], capture_output=True,
+                          text=True, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
 SECTIONS: dict[str, Callable[[Knobs], dict[str, Any]]] = {
     "embed": bench_embed, "generate": bench_generate, "api": bench_api, "memory": bench_memory,
-    "orchestration": bench_orchestration, "start": bench_start,
+    "orchestration": bench_orchestration, "start": bench_start, "transcribe": bench_transcribe,
 }
 
 

@@ -7,9 +7,9 @@ of rows (hundreds, not one) so providers can batch, sort by length and keep acce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,6 +54,34 @@ class Generation:
 class Classification:
     label: str | None
     score: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AudioFile:
+    """One audio file to transcribe: `name` is its path or URL (for messages), `open` gives a binary file object to
+    read it from. The caller opens nothing: a provider opens each file when it gets to it and streams it, so a chunk
+    of hour-long recordings is never in memory at once."""
+
+    name: str
+    open: Callable[[], IO[bytes]]
+
+
+@dataclass(frozen=True)
+class TranscriptSegment:
+    start: float  # seconds from the start of the file
+    end: float
+    text: str
+
+
+@dataclass
+class Transcription:
+    """The outcome for one audio file. `error` is set (naming the file) when it could not be read or decoded."""
+
+    text: str | None
+    language: str | None = None
+    duration_s: float | None = None
+    segments: list[TranscriptSegment] = field(default_factory=list)
     error: str | None = None
 
 
@@ -104,6 +132,14 @@ class ImageClassifier(Protocol):
 
 
 @runtime_checkable
+class Transcriber(Protocol):
+    """Speech to text, one Transcription per file, in the order given; a file that cannot be read is that row's
+    error, never the call's."""
+
+    def transcribe(self, audio: Sequence[AudioFile]) -> list[Transcription]: ...
+
+
+@runtime_checkable
 class InputTokens(Protocol):
     """Optional, for `prepare.max_input_tokens`: the tokenizer that counts this model's input tokens (a Hugging Face
     tokenizer) and the longest input it takes, in tokens of the text alone (None when unknown); `system` is the
@@ -122,6 +158,7 @@ CAPABILITIES: dict[str, tuple[type, str]] = {
     "predict": (BatchPredictor, "predict"),
     "embed_image": (ImageEmbedder, "embed_images"),
     "classify_image": (ImageClassifier, "classify_images"),
+    "transcribe": (Transcriber, "transcribe"),
 }
 
 

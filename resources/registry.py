@@ -16,6 +16,7 @@ PROVIDERS: dict[str, str] = {
     "zero_shot": "batch_assets.resources.custom.zero_shot:ZeroShotEmbeddingClassifier",
     "hf_pipeline": "batch_assets.resources.custom.hf_pipeline:HFPipelineProvider",
     "image": "batch_assets.resources.vision.provider:ImageModelProvider",
+    "faster_whisper": "batch_assets.resources.whisper.provider:FasterWhisperTranscriber",
 }
 
 

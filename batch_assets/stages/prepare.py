@@ -101,7 +101,7 @@ def _any(flags: list[pa.Array], n: int) -> pa.Array:
 def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: UniqueIdChecker | None = None,
                     key: str | None = None) -> Iterator[pa.RecordBatch]:
     """Prepared batches; each batch's row ids go to `ids`, whose caller checks them once the stream ends."""
-    prep, reads = spec.prepare, task_type(spec).reads  # prompt | text | columns | image (batch_assets/tasks)
+    prep, reads = spec.prepare, task_type(spec).reads  # prompt | text | columns | image | audio (batch_assets/tasks)
     function = UserFunction(spec, key or "?") if prep.function else None
     optional = {name for name, rule in prep.transforms.items() if rule.required is False}
     for batch in batches:
@@ -134,9 +134,10 @@ def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: 
                 rendered = as_text(batch.column(prep.text_column))
             problems = pc.coalesce(problems, reason)
             extra["_prompt" if reads == "prompt" else "_text"] = pc.if_else(pc.is_null(problems), rendered, _NO_REASON)
-        elif reads == "image":
-            refs = batch.column(prep.image_columns[0]).to_pylist()
-            reasons = [f"{EMPTY}: column {prep.image_columns[0]!r} is empty"
+        elif reads in ("image", "audio"):  # one file reference per row: a missing one is an empty input
+            column = task_type(spec).model_input(spec)[0]
+            refs = batch.column(column).to_pylist()
+            reasons = [f"{EMPTY}: column {column!r} is empty"
                        if ref is None or (isinstance(ref, (str, bytes)) and not ref) else None for ref in refs]
             problems = pc.coalesce(problems, pa.array(reasons, pa.string()))
         if prep.image_columns and reads == "prompt":

@@ -8,6 +8,7 @@
 | generate | `GenerateTask` | `generate.py` |
 | predict | `PredictTask` | `predict.py` |
 | embed_image, classify_image | `EmbedImageTask`, `ClassifyImageTask` | `image.py` |
+| transcribe | `TranscribeTask` | `transcribe.py` |
 
 What the kinds share (the chunk plan, the provider call, the alignment check) is in `base.py`; the vector and
 label outputs of text and image tasks in `outputs.py`; the token limit on text inputs in `token_limits.py`. `task_type(spec)` answers what the spec alone tells (the
@@ -25,11 +26,12 @@ from batch_assets.tasks.image import ClassifyImageTask, EmbedImageTask
 from batch_assets.tasks.predict import PredictTask
 from batch_assets.tasks.text import ClassifyTask, EmbedTask
 from batch_assets.tasks.token_limits import TokenLimit
+from batch_assets.tasks.transcribe import TranscribeTask
 
 
 TASKS: dict[str, type[Task]] = {
     task.kind: task
-    for task in (EmbedTask, GenerateTask, ClassifyTask, PredictTask, EmbedImageTask, ClassifyImageTask)
+    for task in (EmbedTask, GenerateTask, ClassifyTask, PredictTask, EmbedImageTask, ClassifyImageTask, TranscribeTask)
 }
 
 

@@ -56,7 +56,7 @@ class Task:
 
     kind: ClassVar[str]
     default_output: ClassVar[str]  # the output column unless task.output_column names another
-    reads: ClassVar[str]  # the model's input as prepared: prompt | text | columns | image
+    reads: ClassVar[str]  # the model's input as prepared: prompt | text | columns | image | audio
     text_column: ClassVar[str | None] = None  # the prepared text a token limit counts (text kinds only)
     vectors: ClassVar[bool] = False  # writes embedding vectors (no csv sink, nothing to evaluate)
     counts_tokens: ClassVar[bool] = False  # writes prompt_tokens / completion_tokens

