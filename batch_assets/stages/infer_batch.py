@@ -22,7 +22,8 @@ checks, the atomic assembly) is the online path's, unchanged. Per partition:
    online path, at most `max_attempts` times in this run, then the row is owed (the partition is not published and
    a rerun asks for it again), as the online path does.
 A batch refused as a whole (its input file failed validation) fails the step, naming the provider's reasons; one
-refused for a passing reason (the per-model queue of enqueued tokens is full) is submitted again later.
+refused because the model's queue of enqueued tokens was full counts as a failed attempt of its rows, which go again.
+`batch_max_enqueued_tokens` keeps the partition's unended batches under that queue limit, so none is refused.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class _Row:
     key: str  # the answer journal's key (row id + input digest)
     row_id: Any
     conversation: Any
+    tokens: int | None = None  # estimated, for the enqueued-token limit (computed when a limit is set)
 
 
 def custom_id(key: str, request_digest: str) -> str:
@@ -147,11 +149,14 @@ class _BatchRun:
                 else:
                     in_flight |= set(sub.custom_ids) & self.waiting
             to_send = self.waiting - in_flight
-            if to_send:
-                submissions += self._submit([cid for cid in self.rows if cid in to_send])
+            made = self._submit([cid for cid in self.rows if cid in to_send], in_flight) if to_send else []
+            if made:
+                submissions += made
                 continue  # look at the new batches at once: their status is the progress to show
             self._report(states)
             if not in_flight:
+                if to_send:  # nothing could go: a single row over the enqueued-token limit (said by _submit)
+                    raise AssertionError("rows left unsent with nothing in flight")
                 return
             self._wait()
 
@@ -165,12 +170,25 @@ class _BatchRun:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     # -- submitting ------------------------------------------------------------------------------------------------
-    def _submit(self, cids: list[str]) -> list[Submission]:
+    def _submit(self, cids: list[str], in_flight: set[str]) -> list[Submission]:
+        """Files of at most max_requests / max_bytes, while the tokens enqueued (estimated as the online path's
+        token budget: prompt plus completion budget) stay under the provider's per-model queue limit; rows that do
+        not fit now wait for a batch to end."""
+        limit = self.session.max_enqueued_tokens
+        enqueued = sum(self._tokens(cid) for cid in in_flight) if limit else 0
         made = []
         group: list[str] = []
         lines: list[bytes] = []
-        size = 0
+        size = tokens = 0
         for cid in cids:
+            cost = self._tokens(cid) if limit else 0
+            if limit and cost > limit:
+                raise PipelineError(
+                    f"row {self.rows[cid].row_id!r}: its request alone is estimated at {cost} tokens, more than "
+                    f"batch_max_enqueued_tokens={limit}", row=str(self.rows[cid].row_id),
+                    fix="raise batch_max_enqueued_tokens to your tier's limit, or shorten the prompt / max_new_tokens")
+            if limit and enqueued + tokens + cost > limit:
+                break  # the queue is full: the rest goes once a batch has ended
             line = self.session.request_line(cid, self.rows[cid].conversation)
             if len(line) > self.session.max_bytes:
                 raise PipelineError(
@@ -179,13 +197,21 @@ class _BatchRun:
                     fix="shorten the prompt (prepare.max_input_tokens), or send this pipeline online (batch_api off)")
             if group and (len(group) >= self.session.max_requests or size + len(line) > self.session.max_bytes):
                 made.append(self._submit_file(group, lines))
-                group, lines, size = [], [], 0
+                enqueued += tokens
+                group, lines, size, tokens = [], [], 0, 0
             group.append(cid)
             lines.append(line)
             size += len(line)
+            tokens += cost
         if group:
             made.append(self._submit_file(group, lines))
         return made
+
+    def _tokens(self, cid: str) -> int:
+        row = self.rows[cid]
+        if row.tokens is None:
+            row.tokens = self.session.estimate_tokens(row.conversation)
+        return row.tokens
 
     def _submit_file(self, cids: list[str], lines: list[bytes]) -> Submission:
         sub = self.ledger.new(cids, self.me, self.session.family)
@@ -259,14 +285,14 @@ class _BatchRun:
         why = (f"batch {state.id} ended {state.status} without it" if state.status != "failed"
                else f"batch {state.id} was not run now ({state.failure})")
         for cid in missing:
-            self._transient(cid, sub, why, count=state.status != "failed")
+            self._transient(cid, sub, why)
 
     def _settle(self, cid: str, result: Generation) -> None:
         self.journal.settle(self.rows[cid].key, result)
         self.waiting.discard(cid)
 
-    def _transient(self, cid: str, sub: Submission, message: str, count: bool = True) -> None:
-        if count and sub.session == self.me:
+    def _transient(self, cid: str, sub: Submission, message: str) -> None:
+        if sub.session == self.me:
             self.attempts[cid] += 1
         tries = self.attempts[cid]
         if tries >= self.max_attempts:

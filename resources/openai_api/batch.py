@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from batch_assets.resources.openai_api.limits import estimate_chat_tokens
 from batch_assets.resources.openai_api.payloads import RequestPlan, chat_generation
 from batch_assets.resources.openai_api.retry import MalformedResponse, RETRYABLE_STATUS, SETUP_STATUS, \
     backoff_delay, classify_failure, redact
@@ -48,6 +49,7 @@ class OpenAIBatches:
     max_requests: int
     max_bytes: int
     active: set[str]  # batch ids this process waits on (the provider cancels them on a user's stop)
+    max_enqueued_tokens: int | None = None  # the model's queue of enqueued tokens, as the provider limits it
     stopped: Callable[[], bool] = lambda: False  # the run is stopping: the wait ends at its next poll
     family: str = "openai"
 
@@ -57,6 +59,11 @@ class OpenAIBatches:
         body = {"model": self.model, "messages": conversation, **self.plan.body}
         return json.dumps({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body},
                           ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+    def estimate_tokens(self, conversation: list[dict[str, Any]]) -> int:
+        """What the row counts against the enqueued-token limit: the online path's token estimate (prompt
+        characters / 4 plus the whole completion budget), which does not undercount."""
+        return estimate_chat_tokens(conversation, self.plan.max_tokens)
 
     def request_digest(self) -> str:
         """What, besides the row's input, decides its answer (model and every request field): part of custom_id,

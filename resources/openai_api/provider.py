@@ -250,6 +250,13 @@ class OpenAICompatibleProvider(ModelResource):
         default=50_000, ge=1, description="Batch mode: requests per input file (OpenAI's limit: 50,000).")
     batch_max_bytes: int = Field(
         default=200_000_000, ge=1, description="Batch mode: bytes per input file (OpenAI's limit: 200 MB).")
+    batch_max_enqueued_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Batch mode: the most tokens a partition keeps enqueued at once (OpenAI's per-model queue "
+        "limit of your tier; each row counts its prompt characters / 4 plus max_new_tokens); more rows wait for a "
+        "batch to end. None: no throttle (a batch refused with token_limit_exceeded counts as a failed attempt of "
+        "its rows and is submitted again).",
+    )
 
     tokenizer: str | None = Field(
         default=None,
@@ -382,6 +389,7 @@ class OpenAICompatibleProvider(ModelResource):
         self._warn_unenforced(loaded, params)
         return OpenAIBatches(loaded.client, loaded.runner.run, self.model, plan, loaded.secret, self.timeout_s,
                              self.batch_max_requests, self.batch_max_bytes, loaded.batches,
+                             max_enqueued_tokens=self.batch_max_enqueued_tokens,
                              stopped=lambda: loaded.gate.stopping)
 
     def cancel_batches(self) -> list[str]:

@@ -8,7 +8,9 @@ the product could get it wrong:
   keys / 512-char values are refused with a 400, as OpenAI does);
 - an input file is validated as OpenAI validates it (status `validating`, then `failed` with `errors.data` naming
   the line): JSONL, `custom_id` unique, `method` POST, `url` equal to the batch's endpoint, one model per file, at
-  most 50,000 requests and 200 MB (both lowerable for tests: `--max-requests`, `--max-bytes`);
+  most 50,000 requests and 200 MB (both lowerable for tests: `--max-requests`, `--max-bytes`); optionally a
+  per-model queue of enqueued tokens (`--enqueued-token-limit`): a batch that would take it past the limit fails
+  validation with `token_limit_exceeded`, as OpenAI's does;
 - every status: validating -> in_progress -> finalizing -> completed; failed; expired at 24 h with the partial
   results (finished requests in the output file, the rest as `batch_expired` lines in the error file); cancelling ->
   cancelled with partial results (`batch_cancelled`); `request_counts` and `usage` as they advance;
@@ -103,6 +105,12 @@ def schema_instance(schema: Any, prompt: str, root: Any = None) -> Any:
     return "x" * int(schema.get("minLength", 1))
 
 
+def _tokens(body: dict[str, Any]) -> int:
+    """A request's enqueued tokens as the stand-in counts them: prompt characters / 4 plus the completion budget."""
+    budget = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+    return len(_prompt(body)) // 4 + int(budget)
+
+
 def _prompt(body: dict[str, Any]) -> str:
     texts = []
     for message in body.get("messages") or []:
@@ -115,11 +123,13 @@ def _prompt(body: dict[str, Any]) -> str:
 
 
 class Standin:
-    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int):
+    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int,
+                 enqueued_token_limit: int | None = None):
         self.dir = state_dir
         self.files_dir = state_dir / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.api_key, self.max_requests, self.max_bytes = api_key, max_requests, max_bytes
+        self.enqueued_token_limit = enqueued_token_limit
         path = state_dir / "state.json"
         if path.exists():
             self.state = json.loads(path.read_text())
@@ -214,12 +224,33 @@ class Standin:
             seen.add(item["custom_id"])
             models.add(item["body"]["model"])
             requests.append(item)
+        enqueued = sum(_tokens(r["body"]) for r in requests)
+        if self.enqueued_token_limit is not None and models and not errors:
+            model = next(iter(models))
+            others = sum(o.get("tokens", 0) for o in self.state["batches"].values()
+                         if o is not batch and o.get("model") == model and self._enqueued(o))
+            if others + enqueued > self.enqueued_token_limit:
+                errors.append({"code": "token_limit_exceeded", "line": None, "param": None, "message":
+                               f"Enqueued token limit reached for {model} in organization org-standin. Limit: "
+                               f"{self.enqueued_token_limit} enqueued tokens. Please try again once some "
+                               "in_progress batches have been completed."})
+        batch["tokens"] = enqueued
         if len(models) > 1:
             errors.append({"code": "mismatched_model", "line": None, "param": "body.model", "message":
                            f"A batch input file may use one model; this one uses {sorted(models)}."})
         if not requests and not errors:
             errors.append({"code": "empty_file", "line": None, "param": None, "message": "The input file is empty."})
         return requests, errors, (models.pop() if len(models) == 1 else None)
+
+    def _enqueued(self, b: dict[str, Any]) -> bool:
+        """Whether a batch's tokens count in its model's queue now: validated, and not ended."""
+        if not b.get("requests") or b.get("errors"):
+            return False
+        now = self.now()
+        if b.get("cancelling_at") is not None:
+            return now < b["cancelling_at"] + CANCEL_S
+        finished = max(r["done_at"] for r in b["requests"])
+        return now < min(finished + FINALIZE_S, b["created_at"] + WINDOW_S)
 
     def outcome(self, item: dict[str, Any], batch_id: str) -> dict[str, Any]:
         """What one request gets: ('ok', body) or ('error', status, body), or it never finishes."""
@@ -265,6 +296,9 @@ class Standin:
         cancelled_early = b.get("cancelling_at") is not None and b["cancelling_at"] < validated
         if "requests" not in b and now >= validated and not cancelled_early:  # a batch cancelled while validating
             # is never validated: it ends with no results
+            for other_id, other in list(self.state["batches"].items()):  # earlier batches first: the token queue
+                if other.get("seq", 0) < b.get("seq", 0) and "requests" not in other:  # is theirs before this one's
+                    self.view(other_id)
             requests, errors, model = self.validate(b)
             b["errors"], b["model"] = errors, model
             b["requests"] = [] if errors else [
@@ -550,8 +584,11 @@ def main() -> None:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS)
     parser.add_argument("--max-bytes", type=int, default=MAX_BYTES)
+    parser.add_argument("--enqueued-token-limit", type=int, default=None,
+                        help="per model: a batch whose tokens would take its model's queue of validated, unended "
+                        "batches past this fails validation with token_limit_exceeded")
     args = parser.parse_args()
-    standin = Standin(args.state, args.api_key, args.max_requests, args.max_bytes)
+    standin = Standin(args.state, args.api_key, args.max_requests, args.max_bytes, args.enqueued_token_limit)
     web.run_app(make_app(standin), host="127.0.0.1", port=args.port, print=None, access_log=None)
 
 

@@ -175,3 +175,33 @@ def test_a_standin_restart_while_the_batch_runs_is_ridden_out(tmp_path: Path, st
     stats = standin.stats()
     assert (stats["batches_created"], stats["restarts"]) == (1, 1)
     assert sorted(r["doc_id"] for r in read_output(spec, tmp_path / "store", "a").to_pylist()) == sorted(texts)
+
+
+@pytest.mark.parametrize("throttled", [True, False])
+def test_the_queue_of_enqueued_tokens_is_respected(tmp_path: Path, throttled: bool):
+    """The stand-in refuses a batch that takes its model's queue past 60 tokens (each row here is about 23):
+    with the limit set, rows go two at a time, each batch once the previous one ended; without it, the one big batch
+    is refused every time and its rows are owed, the error naming the limit."""
+    standin = StandinProcess(tmp_path / "state", tmp_path / "standin.log", "--enqueued-token-limit", "60").start()
+    try:
+        texts = {f"d{i}": f"{COLOURS[i % 3]} {i}" for i in range(6)}
+        write_jsonl(tmp_path / "data" / "a.jsonl", rows(texts))
+        raw = make_spec(tmp_path / "data", standin, max_attempts=2,
+                        **({"batch_max_enqueued_tokens": 60} if throttled else {}))
+        raw["retries"] = {"max_retries": 0}
+        spec = parse_spec(raw)
+        standin.advance(speed=FAST)
+        result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
+        stats = standin.stats()
+        if throttled:
+            assert result.success
+            assert stats["statuses"] == {"completed": 3}  # 2 + 2 + 2 rows, one after the other, none refused
+            out = read_output(spec, tmp_path / "store", "a").to_pylist()
+            assert sorted(r["doc_id"] for r in out) == sorted(texts) and all(r["error"] is None for r in out)
+        else:
+            assert not result.success and stats["statuses"] == {"failed": 2}
+            failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+            error = failure.step_failure_data.error
+            assert "token_limit_exceeded" in (error.cause.message if error.cause else error.message)
+    finally:
+        standin.stop()

@@ -162,3 +162,24 @@ def test_a_restarted_standin_keeps_its_files_batches_and_clock(standin: StandinP
     listed = list(client.batches.list(limit=1))  # paginated through, one per page
     assert [b.id for b in listed] == [tagged.id, batch.id] and listed[0].metadata == token
     assert standin.stats()["restarts"] == 1
+
+
+def test_a_full_queue_of_enqueued_tokens_fails_a_batch_until_one_ends(tmp_path):
+    proc = StandinProcess(tmp_path / "state", tmp_path / "log", "--enqueued-token-limit", "100").start()
+    try:
+        client = sdk_client(proc)
+        rows = [line(f"r{i}", "x" * 40) for i in range(4)]  # 40 / 4 + max_tokens 8 = 18 tokens each
+        first = submit(client, rows)  # 72 tokens
+        proc.advance(VALIDATE_S)
+        second = submit(client, rows[:2])  # 36 more: over 100 while the first runs
+        proc.advance(VALIDATE_S)
+        refused = client.batches.retrieve(second.id)
+        assert refused.status == "failed" and [e.code for e in refused.errors.data] == ["token_limit_exceeded"]
+        assert client.batches.retrieve(first.id).status == "finalizing"  # its tokens still count
+        proc.advance(FINALIZE_S)
+        assert client.batches.retrieve(first.id).status == "completed"
+        third = submit(client, rows[:2])  # the queue is empty again
+        proc.advance(VALIDATE_S)
+        assert client.batches.retrieve(third.id).status == "in_progress"
+    finally:
+        proc.stop()
