@@ -205,3 +205,38 @@ def test_the_queue_of_enqueued_tokens_is_respected(tmp_path: Path, throttled: bo
             assert "token_limit_exceeded" in (error.cause.message if error.cause else error.message)
     finally:
         standin.stop()
+
+
+def test_a_partition_on_s3_goes_through_batches_and_its_ledger_is_removed(tmp_path: Path, standin: StandinProcess,
+                                                                          s3_bucket: str):
+    texts = {f"d{i}": f"{COLOURS[i % 3]} {i}" for i in range(5)}
+    write_jsonl(tmp_path / "data" / "a.jsonl", rows(texts))
+    spec = parse_spec(make_spec(tmp_path / "data", standin))
+    store = f"{s3_bucket}/store"
+    standin.advance(speed=FAST)
+    assert run_pipeline(spec, store, ["a"]).success
+    assert sorted(r["doc_id"] for r in read_output(spec, store, "a").to_pylist()) == sorted(texts)
+    assert standin.stats()["batches_created"] == 1
+    fs, path = filesystem_for(ledger_url(staging_url(ArrowStorage(root=store), "batched", "a")))
+    assert not fs.exists(path)
+
+
+def test_settings_the_batch_path_cannot_serve_are_refused_before_anything_is_sent(tmp_path: Path,
+                                                                                  standin: StandinProcess):
+    from batch_assets.resources.errors import ModelLoadError
+    from batch_assets.resources.openai_api import OpenAICompatibleProvider
+
+    with pytest.raises(ModelLoadError, match="batch_api=true needs api='chat'"):
+        OpenAICompatibleProvider(model="m", base_url=standin.url, api="responses", batch_api=True).load_for_tests()
+    write_jsonl(tmp_path / "data" / "a.jsonl", rows({"d0": "red"}))
+    raw = make_spec(tmp_path / "data", standin)
+    raw["task"] = {"kind": "embed"}
+    raw["prepare"] = {"id_column": "doc_id", "text_column": "text"}
+    result = run_pipeline(parse_spec(raw), tmp_path / "store", ["a"], raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    error = failure.step_failure_data.error
+    assert "batch_api applies to task 'generate', not 'embed'" in (error.cause.message if error.cause else
+                                                                   error.message)
+    stats = standin.stats()
+    assert stats["batches_created"] == 0 and stats["files_uploaded"] == 0
+    assert not any(route.startswith("POST") for route in stats["calls"])
