@@ -240,3 +240,33 @@ def test_settings_the_batch_path_cannot_serve_are_refused_before_anything_is_sen
     stats = standin.stats()
     assert stats["batches_created"] == 0 and stats["files_uploaded"] == 0
     assert not any(route.startswith("POST") for route in stats["calls"])
+
+
+def test_the_partitions_of_one_run_wait_side_by_side(tmp_path: Path, standin: StandinProcess):
+    """A range in one run: every partition's batch is submitted before any has ended (one process waits for all),
+    and each partition gets its own rows back."""
+    raw = make_spec(tmp_path / "data", standin)
+    raw["partitioning"] = {"kind": "static", "keys": ["a", "b", "c"]}
+    # 25 rows a partition: more than the online window (chunks in flight x chunk_rows = 20 rows), which would start
+    # the next partition only when this one has finished
+    texts = {key: {f"{key}{i}": f"{COLOURS[i % 3]} {key}{i}" for i in range(25)} for key in ("a", "b", "c")}
+    for key, part in texts.items():
+        write_jsonl(tmp_path / "data" / f"{key}.jsonl", rows(part))
+    spec = parse_spec(raw)
+    outcome: dict = {}
+    run = threading.Thread(target=lambda: outcome.update(
+        result=run_pipeline(spec, tmp_path / "store", ["a", "c"], raise_on_error=False)))
+    run.start()
+    try:
+        for _ in range(600):  # the clock stands still: no batch can end before all three are in
+            if standin.stats()["batches_created"] == 3 or not run.is_alive():
+                break
+            run.join(0.1)
+        stats = standin.stats()
+        assert stats["batches_created"] == 3 and set(stats["statuses"]) == {"validating"}, stats["statuses"]
+    finally:
+        standin.advance(speed=FAST)
+        run.join(300)
+    assert outcome["result"].success
+    for key, part in texts.items():
+        assert sorted(r["doc_id"] for r in read_output(spec, tmp_path / "store", key).to_pylist()) == sorted(part)
