@@ -331,9 +331,20 @@ class PricingSpec(_Strict):
 
     input_per_million_tokens: float = Field(default=0.0, ge=0, description="Price (USD) of 1M prompt tokens.")
     output_per_million_tokens: float = Field(default=0.0, ge=0, description="Price (USD) of 1M generated tokens.")
+    batch_input_per_million_tokens: float | None = Field(
+        default=None, ge=0, description="Batch mode (model.config batch_api): price of 1M prompt tokens answered "
+        "through the provider's batch API. None: half the online price (OpenAI's and Anthropic's batch discount).")
+    batch_output_per_million_tokens: float | None = Field(
+        default=None, ge=0, description="Batch mode: price of 1M generated tokens. None: half the online price.")
 
     def cost(self, tokens_in: int, tokens_out: int) -> float:
         return (tokens_in * self.input_per_million_tokens + tokens_out * self.output_per_million_tokens) / 1e6
+
+    def batch_cost(self, tokens_in: int, tokens_out: int) -> float:
+        price_in = self.batch_input_per_million_tokens
+        price_out = self.batch_output_per_million_tokens
+        return (tokens_in * (self.input_per_million_tokens / 2 if price_in is None else price_in)
+                + tokens_out * (self.output_per_million_tokens / 2 if price_out is None else price_out)) / 1e6
 
 
 class ModelSpec(_Strict):

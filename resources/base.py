@@ -106,6 +106,22 @@ class ModelResource(dg.ConfigurableResource):
         """When `stop` stopped new calls (wall clock), where the provider has calls it can hold back; else None."""
         return None
 
+    @classmethod
+    def waits_on_batches(cls, config: dict[str, Any]) -> bool:
+        """Whether this `model.config` sends rows through the provider's batch API (answers come hours later; the
+        infer step waits for them without holding the endpoint's pool: batch_assets/orchestration/pools.py)."""
+        return False
+
+    def batch_session(self, params: Any) -> Any:
+        """The provider's batch API for one partition's generate call (resources/openai_api/batch.py's shape), or
+        None when rows are sent online. Asked by the infer loop (batch_assets/stages/infer_batch.py)."""
+        return None
+
+    def cancel_batches(self) -> list[str]:
+        """The run was stopped by its user: cancel every provider batch this process waits on; returns their
+        ids. A crash cancels nothing (a rerun re-attaches instead)."""
+        return []
+
     def stop(self, grace_s: float) -> None:
         """The run is stopping (Terminate, SIGTERM, Ctrl-C): send nothing new from now on, let calls in flight
         answer for up to `grace_s`, then abandon them. An in-process model's call cannot be cut short: the infer

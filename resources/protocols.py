@@ -85,6 +85,34 @@ class Transcription:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class BatchState:
+    """A provider-side batch as the batch machinery sees it (batch_assets/stages/infer_batch.py), whatever the
+    provider family: its own status word, whether it has ended, its counts, and where its results are."""
+
+    id: str
+    status: str  # the provider's word (OpenAI: validating, in_progress, finalizing, completed, expired, ...)
+    ended: bool  # no further change: its results (if any) can be read
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    failure: str | None = None  # the whole batch was refused (validation): why
+    retry_later: bool = False  # ... for a reason that passes (a queue limit): its rows go into a later batch
+    files: tuple[str, ...] = ()  # where its results are (OpenAI: output and error file ids)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One request's result read back from a batch: an answer, or an error that is `retryable` (a 5xx, 429: the
+    online path's transient class) or not (a 4xx refusal: a row error); `unfinished`: it never ran (the batch
+    expired or was cancelled first)."""
+
+    answer: Generation | None
+    error: str | None = None
+    retryable: bool = False
+    unfinished: bool = False
+
+
 @runtime_checkable
 class TextEmbedder(Protocol):
     """Turns texts into fixed-size float32 vectors: returns an array of shape (len(texts), dimensions)."""

@@ -238,6 +238,20 @@ def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
     return "n/a"
 
 
+def _batch_progress(context: dg.AssetExecutionContext, key: str, report: dict[str, Any]) -> None:
+    """Batch mode, while the partition waits: a line in the run's log and an observation of the infer asset (its
+    page shows the batches' status and counts as they change, hours before the partition is materialized)."""
+    if "event" in report:
+        context.log.info(f"[{key}] {report['event']}")
+        return
+    context.log.info(f"[{key}] batches: {report['status']}; {report['requests_completed']}/"
+                     f"{report['requests_total']} requests done, {report['requests_failed']} failed, "
+                     f"{report['rows_waiting']} rows waiting ({report['batches']})")
+    context.log_event(dg.AssetObservation(
+        asset_key=context.asset_key, partition=key,
+        metadata={name: value for name, value in report.items() if name != "partition"}))
+
+
 def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], device: str,
                              delta: dict[str, int]) -> dict[str, Any]:
     """What the model did for one partition: who ran it where, tokens, requests, cache hits, estimated cost."""
@@ -262,8 +276,16 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     for name in ("cache_hits", "cache_misses"):
         if name in delta:
             md[name] = delta[name]
-    md["cost_usd"] = float(round(spec.model.pricing.cost(delta.get("prompt_tokens", 0),
-                                                          delta.get("completion_tokens", 0)), 6))
+    pricing = spec.model.pricing
+    batch_in, batch_out = delta.get("batch_prompt_tokens", 0), delta.get("batch_completion_tokens", 0)
+    cost = pricing.cost(max(0, delta.get("prompt_tokens", 0) - batch_in),
+                        max(0, delta.get("completion_tokens", 0) - batch_out))
+    if delta.get("batch_rows"):  # rows answered through the provider's batch API, at its price
+        cost += pricing.batch_cost(batch_in, batch_out)
+    if provider_class(spec.model.provider).waits_on_batches(spec.model.config):
+        md.update({name: delta.get(name, 0) for name in ("batches_submitted", "batch_rows", "batch_rows_online")})
+        md["batch_tokens_in"], md["batch_tokens_out"] = batch_in, batch_out
+    md["cost_usd"] = float(round(cost, 6))
     return md
 
 
@@ -447,7 +469,8 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             total = parquet_rows(upstream_url(storage, spec.name, "prepared", key))
             progress = PartitionProgress(context.log, f"{spec.name}/inferred [{key}]", total,
                                          every_s=spec.runtime.progress_every_s)
-            part = InferStats(listeners=[lambda _stats, rows: progress.add(rows)])
+            part = InferStats(listeners=[lambda _stats, rows: progress.add(rows)],
+                              on_batch=lambda report: _batch_progress(context, key, report))
             caller = cached(model, ResponseCache(storage.resolved_root())) if spec.runtime.response_cache else model
             report = run_infer(spec, storage, key, caller, part)
             delta = counter_delta(part, InferStats())

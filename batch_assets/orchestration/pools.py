@@ -30,8 +30,11 @@ GPU_POOL = "gpu"
 def endpoint_pool(spec: PipelineSpec) -> str | None:
     """`endpoint:<host[:port]>` for providers that call an external HTTP endpoint (those declaring a
     `default_endpoint`, resources/base.py), else None."""
-    default_host = provider_class(spec.model.provider).default_endpoint
-    if default_host is None:
+    cls = provider_class(spec.model.provider)
+    default_host = cls.default_endpoint
+    if default_host is None or cls.waits_on_batches(spec.model.config):
+        # batch mode: the step waits hours for the provider's batches and sends nothing meanwhile; holding the
+        # endpoint's slot that long would stall every online pipeline of the endpoint (docs/providers-openai.md)
         return None
     base_url = spec.model.config.get("base_url")
     if isinstance(base_url, dict) and set(base_url) == {"env"}:

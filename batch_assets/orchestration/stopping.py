@@ -7,7 +7,9 @@ step has a RetryPolicy (dagster/_core/execution/plan/utils.py, `op_execution_err
 again after its backoff and kept calling the model, the run stayed CANCELING. Every stage's body therefore runs
 under `stop_means_stop`, which on an interrupt:
 - stops the model provider (no new request; requests in flight get `runtime.stop_grace_s`, then are abandoned;
-  their answers are journaled, batch_assets/reliability/journal.py) and writes the journals out;
+  their answers are journaled, batch_assets/reliability/journal.py) and writes the journals out; a user's stop also
+  cancels the provider batches the step waits on (batch mode: batch_assets/stages/infer_batch.py), a crash or a
+  platform's stop does not (the rerun re-attaches to them);
 - marks the run CANCELING when nobody did (a signal to a CLI run: Dagster would otherwise record an unexpected
   interruption as a failure) and tags it `dagster/max_retries: 0`, so `run_retries` never relaunches a run its
   user stopped, even one killed later while it stopped;
@@ -74,6 +76,8 @@ def stop_means_stop(context: dg.AssetExecutionContext, spec: PipelineSpec, provi
         flush_open_journals()
         if not _stopped_by_user(context):
             raise  # a platform stopping this step's pod alone (a drain, a spot eviction): retried like a lost node
+        if provider is not None:  # batch mode: the user's stop cancels the partition's provider batches too
+            provider.cancel_batches()
         _mark_stopped(context, type(exc).__name__, getattr(provider, "stopped_at", None))
         context.log.warning(f"{spec.name}: the run was stopped ({type(exc).__name__}); no model call was started "
                             "after the stop, answers received so far are kept for the next run, and the run is not "

@@ -104,6 +104,9 @@ class AnswerJournal:
         self._closing = False
         self._thread: threading.Thread | None = None
         self.reused = 0  # answers this run took from the journal instead of asking the model
+        # Results decided elsewhere in this run and never written (the batch path's row errors and owed rows,
+        # stages/infer_batch.py): `lookup` hands them out as it does answers, so the chunk loop sends nothing for them.
+        self._settled: dict[str, Any] = {}
 
     def open(self) -> AnswerJournal:
         if self.fs.exists(self.path):
@@ -124,8 +127,18 @@ class AnswerJournal:
         _OPEN.add(self)
         return self
 
+    def answered(self, key: str) -> bool:
+        """Whether the row has an answer here (no side effect: `lookup` is what counts a reuse)."""
+        with self._lock:
+            return key in self._found or key in self._live
+
+    def settle(self, key: str, result: Any) -> None:
+        """A row's result that is not an answer to keep (a row error, an owed row), for `lookup` in this run only."""
+        with self._lock:
+            self._settled[key] = result
+
     def lookup(self, keys: Sequence[str]) -> dict[int, Any]:
-        """Positions (in `keys`) answered by an earlier run, with their results."""
+        """Positions (in `keys`) answered by an earlier run (or settled in this one), with their results."""
         out = {}
         with self._lock:
             for i, key in enumerate(keys):
@@ -133,6 +146,8 @@ class AnswerJournal:
                 if entry is not None:
                     out[i] = decode(entry)
                     self._live.setdefault(key, entry)  # stays until its chunk is committed (compaction keeps it)
+                elif key in self._settled:
+                    out[i] = self._settled[key]
         self.reused += len(out)
         return out
 

@@ -13,7 +13,9 @@ retry in batch_assets/retry_dead_letters.py); what a task kind means is asked of
   from the output types the Task declares (`Task.schema()`), atomically.
 
 Providers billed per request (`answers_each_row`) have each answer journaled as it arrives (reliability/journal.py):
-a rerun after a crash sends only rows never answered. A stop (an interrupt: Terminate, SIGTERM, Ctrl-C) stops the
+a rerun after a crash sends only rows never answered. In batch mode (`model.config.batch_api`) the partition's rows
+go through the provider's batch API first (stages/infer_batch.py), whose answers fill that journal, so the chunks
+then find every row answered and the rest of the loop is the same. A stop (an interrupt: Terminate, SIGTERM, Ctrl-C) stops the
 provider: nothing new is sent, calls in flight get `runtime.stop_grace_s`, their answers are journaled.
 
 Failures, by class (docs/RELIABILITY.md): a transient provider failure is retried by the provider; a row that runs
@@ -41,6 +43,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.spec import PipelineSpec
+from batch_assets.stages.infer_batch import remove_ledger, run_batches, uses_batches
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
 from batch_assets.stages.report import PartitionReport
@@ -72,6 +75,11 @@ class InferStats:
     rows_reused: int = 0
     rows_sent: int = 0  # rows handed to the provider in this run (not reused from a checkpoint; cache hits included)
     rows_truncated: int = 0  # inputs cut to prepare.max_input_tokens
+    batches_submitted: int = 0  # provider batches this run submitted (batch mode: stages/infer_batch.py)
+    batch_rows: int = 0  # rows answered by a provider batch (this run's or an earlier one's)
+    batch_prompt_tokens: int = 0  # ... and their tokens, billed at the batch price
+    batch_completion_tokens: int = 0
+    batch_rows_online: int = 0  # rows a batch did not answer, sent online (batch_retry_rows: online)
     unparseable_rows: int = 0  # answers that did not parse as task.structured (row errors)
     unparseable_samples: list[str] = field(default_factory=list)  # the current partition's first few
     error_samples: list[str] = field(default_factory=list)  # the current partition's (reset per partition)
@@ -81,6 +89,7 @@ class InferStats:
     partition_rows_total: int = 0
     partition_rows_done: int = 0
     listeners: list[Callable[[InferStats, int], None]] = field(default_factory=list)
+    on_batch: Callable[[dict[str, Any]], None] | None = None  # batch mode: status and counts while it waits
 
     def begin_partition(self, key: str, rows_total: int) -> None:
         self.partition, self.partition_rows_total, self.partition_rows_done = key, rows_total, 0
@@ -234,6 +243,15 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
     # a provider billed per request: every answer durable within about a second (reliability/journal.py)
     journal = AnswerJournal(checkpoint.url).open() if getattr(provider, "answers_each_row", False) else None
     owed: list[str] = []  # rows that ran out of attempts on a transient failure (never published as errors)
+    batched = False
+    if journal is not None:
+        try:  # batch mode: every row through the provider's batch API first, answers into the journal
+            batched = uses_batches(task)
+            if batched:
+                run_batches(task, src, checkpoint, journal, stats, checkpoint.manifest["partition"])
+        except BaseException:
+            journal.close()
+            raise
     calls = DaemonCallPool(workers, name="infer-call")
     writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="infer-commit")
     pending: deque[_Pending] = deque()
@@ -316,6 +334,8 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
         # before the failure still complete, so the rerun keeps every chunk that was finished.
         calls.shutdown(wait=not failed, cancel_futures=True)
         writes.shutdown(wait=True)
+    if batched and not owed:
+        remove_ledger(checkpoint)  # every row committed: the batches' answers live in the chunks now
     if owed:
         raise TransientRowsError(
             f"{len(owed)} row(s) got no answer: the model endpoint failed transiently until their attempts ran out "
