@@ -1,17 +1,20 @@
 """The lean chat path (resources/openai_api/transport.py) sends what the SDK sends and fails as the SDK fails: the
 same URL (OPENAI_BASE_URL included), the same headers (key, organisation, project, user agent), the SDK's own error
 types for an answer that is not 2xx, a connection error named as such; and a request cancelled while its answer is
-being made durable never cancels the journal write the other answers wait for."""
+being made durable never cancels the journal write the other answers wait for; and the collector is paced while
+a call runs (loop.py FewerCollections), then restored."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import socket
 
 import pytest
 
 from batch_assets.resources.openai_api import OpenAICompatibleProvider
+from batch_assets.resources.openai_api.loop import CALL_GC_THRESHOLD
 from batch_assets.resources.openai_api.provider import DurableWaits
 from batch_assets.resources.protocols import GenerationParams
 from tests.providers.fault_proxy import Echo, FaultProxy, Respond
@@ -88,3 +91,21 @@ def test_a_cancelled_request_never_cancels_the_journal_write_others_wait_for() -
         return first.cancelled(), second.done() and not second.cancelled(), write.cancelled()
 
     assert asyncio.run(scenario()) == (True, True, False)
+
+
+def test_the_collector_is_paced_while_a_call_runs_and_restored_after() -> None:
+    before = gc.get_threshold()
+    seen: list[int] = []
+
+    def script(key: str, n: int):
+        seen.append(gc.get_threshold()[0])  # the proxy answers on a thread of this process, during the call
+        return Echo()
+
+    with FaultProxy(script) as proxy:
+        provider = OpenAICompatibleProvider(model="m", base_url=proxy.url).load_for_tests()
+        try:
+            provider.generate(rows(["a", "b"]), GenerationParams(max_new_tokens=2))
+        finally:
+            provider.close()
+    assert seen and min(seen) >= CALL_GC_THRESHOLD
+    assert gc.get_threshold() == before
