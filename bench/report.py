@@ -141,7 +141,8 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
     ]
     for section, key, goal, op, text in TARGETS:
         value = (results.get(section) or {}).get("ratios", {}).get(key)
-        lines.append(f"| {text} | {_fmt(value)} | {op} {goal} | {_met(value, goal, op)} |")
+        digits = 4 if "recall" in key else 2  # a recall of 0.9887 must not print as 0.99
+        lines.append(f"| {text} | {_fmt(value, digits)} | {op} {goal} | {_met(value, goal, op)} |")
     emb = results.get("embed")
     if emb and "variants" in emb:
         lines += _local_model_table(emb, f"#### Embeddings: {emb['rows']:,} short documents in {emb['files']} "
