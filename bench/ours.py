@@ -23,7 +23,7 @@ KEYS = [f"part-{i}" for i in range(4)]
 
 
 def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = None,
-               device: str = "cpu") -> dict[str, Any]:
+               device: str = "cpu", precision: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": name,
         "source": {"format": "parquet", "path": str(data / "{partition}.parquet"), "columns": ["doc_id", "text"]},
@@ -35,6 +35,8 @@ def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = 
     }
     if chunk_rows:
         spec["runtime"] = {"chunk_rows": chunk_rows}
+    if precision:
+        spec["model"]["config"]["precision"] = precision
     return spec
 
 

@@ -36,6 +36,7 @@ from report import RAW_EMBED, steady_state_overhead, write_doc  # noqa: E402
 
 Variant = Callable[[int], Run]
 OURS = "ours (dagster asset materialize)"
+OURS_FAST = "ours, precision fast (dagster asset materialize)"
 RAW_GENERATE = "raw batched generate"
 DAFT_API = "Daft prompt (openai provider)"
 RAY_API = "Ray Data LLM HttpRequestProcessor (defaults)"
@@ -101,6 +102,9 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
     out = WORK / "out"
     spec = ours.embed_spec("bench_embed", data, ours.KEYS)
     variants = _raw_and_ours(RAW_EMBED, "raw_embed", glob, spec)
+    # the declared fast mode (bf16 where the CPU has it and the retrieval probe passes: resources/hf/precision.py)
+    fast = ours.embed_spec("bench_embed_fast", data, ours.KEYS, precision="fast")
+    variants[OURS_FAST] = lambda r: ours.materialize(fast, ours.KEYS, label=f"-{r}")
     if ours.before_tree():
         variants[f"ours before ({ours.before_label()})"] = lambda r: ours.materialize(
             spec, ours.KEYS, label=f"-{r}", tree=ours.before_tree())
@@ -118,9 +122,25 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
         "ours_vs_raw_whole_process": ratio(raw, mine),
         "ours_infer_step_vs_raw_encode": ratio(med(res, RAW_EMBED, "infer_s"), med(res, OURS, "inferred_s")),
         "ours_vs_faster_peer": ratio(min(peers), mine) if peers else None,
+        "ours_fast_vs_raw_whole_process": ratio(raw, med(res, OURS_FAST)),
     }
     _add_speed_vs_raw(res, raw)
-    return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios}
+    fidelity = _fast_fidelity(out)
+    ratios["fast_recall_at_10_vs_raw"] = fidelity.get("recall_at_10")
+    return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios,
+            "fast_fidelity": fidelity}
+
+
+def _fast_fidelity(out: Path) -> dict[str, Any]:
+    """The fast mode's vectors against the raw script's (torch, float32) on the benchmark's documents: recall@10
+    and cosines (bench/fidelity.py), from the last round's outputs."""
+    import fidelity
+
+    try:
+        return fidelity.compare(*fidelity.vectors(str(out / "raw_embed.parquet"), "doc_id"),
+                                *fidelity.vectors(str(out / "bench_embed_fast" / "**" / "*.parquet"), "doc_id"))
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
 
 
 def _raw_and_ours(raw_name: str, script: str, glob: str, spec: dict[str, Any]) -> dict[str, Variant]:
@@ -263,6 +283,7 @@ def bench_api(knobs: Knobs) -> dict[str, Any]:
     rate = med(res, mine, "requests_per_s")
     peer_rates = {n: med(res, n, "requests_per_s") for n in (DAFT_API, RAY_API) if n in res}
     ratios = {"ours_vs_ideal": ratio(rate, ideal),
+              "ours_wide_vs_ideal": ratio(med(res, mine_wide, "requests_per_s"), wide / knobs.api_latency),
               **{f"ours_vs_{n}": ratio(rate, v) for n, v in peer_rates.items() if v},
               # P4b: ours at 1,000 in flight beside Daft, which had them all in flight at once
               "ours_wide_vs_daft_request_phase": ratio(med(res, mine_wide, "requests_per_s"), peer_rates.get(DAFT_API)),

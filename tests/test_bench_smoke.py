@@ -38,6 +38,10 @@ def test_bench_harness_at_tiny_sizes(tmp_path: Path) -> None:
     assert all(v["failed_runs"] == 0 for v in embed["variants"].values())
     assert embed["variants"]["ours (dagster asset materialize)"]["model_loads"]["median"] == 1
     assert embed["ratios"]["ours_vs_raw_whole_process"] and embed["ratios"]["ours_infer_step_vs_raw_encode"]
+    # the declared fast mode beside the raw script, and its vectors compared with the raw script's
+    assert embed["ratios"]["ours_fast_vs_raw_whole_process"]
+    assert embed["fast_fidelity"]["rows"] == 24 and 0 < embed["fast_fidelity"]["recall_at_10"] <= 1
+    assert api["ratios"]["ours_wide_vs_ideal"] is not None
 
     doc = (tmp_path / "BENCHMARKS.md").read_text()
     assert "#### Targets" in doc and "#### Embeddings" in doc and "#### API path" in doc

@@ -22,6 +22,7 @@ from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.hf.models import MINILM, minilm_path
 from batch_assets.resources.hf.onnx_encoder import ExportedEncoder
 from batch_assets.resources.hf.onnx_export import choose, surely_cpu
+from batch_assets.resources.hf import precision as fast_mode
 from batch_assets.resources.tokens import encoder_limit
 
 
@@ -43,6 +44,13 @@ class SentenceTransformerEmbedder(ModelResource):
         "(min cosine >= 0.9999; OpenVINO, then onnxruntime, then torch), the model exported to ONNX once and cached "
         "next to it (docs/providers-local-cpu.md). 'onnx' / 'openvino' pin one (the load fails if it is not "
         "faithful); 'torch' runs sentence-transformers itself. On a GPU, torch.",
+    )
+    precision: Literal["exact", "fast"] = Field(
+        default="exact",
+        description="'exact': float32, the vectors torch computes (min cosine >= 0.9999). 'fast': bfloat16 with "
+        "OpenVINO on CPUs that have it (AMX or AVX512-BF16), used only where a retrieval probe on this machine keeps "
+        "recall@10 >= 0.99 against the exact vectors (measured once per model and CPU, then cached); elsewhere exact. "
+        "The infer asset's metadata says which ran and the measured recall and cosine (docs/providers-local-cpu.md).",
     )
     batch_size: int = Field(
         default=32,
@@ -67,6 +75,7 @@ class SentenceTransformerEmbedder(ModelResource):
 
     _pool: Any = PrivateAttr(default=None)
     _backend: tuple[str, str] = PrivateAttr(default=("torch", ""))
+    _precision: Any = PrivateAttr(default=None)  # precision.Verdict when precision is fast
 
     def pool_devices(self) -> list[str]:
         """The pool's devices, or [] for one model in this process."""
@@ -79,10 +88,12 @@ class SentenceTransformerEmbedder(ModelResource):
 
     def load(self) -> Any:
         devices = self.pool_devices()
-        exported = load_exported(self.model, self.backend, self.device, bool(devices))
-        self._backend = exported[1:]
-        if exported[0] is not None:
-            return exported[0]
+        encoder, backend, why = load_exported(self.model, self.backend, self.device, bool(devices))
+        if self.precision == "fast":
+            encoder, backend, why, self._precision = fast_mode.choose(encoder, backend, why, self.backend)
+        self._backend = (backend, why)
+        if encoder is not None:
+            return encoder
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:
@@ -100,12 +111,16 @@ class SentenceTransformerEmbedder(ModelResource):
 
     @property
     def backend_used(self) -> str:
-        """The runtime that runs the model (after load): torch, onnx (onnxruntime) or openvino."""
+        """The runtime that runs the model (after load): torch, onnx (onnxruntime), openvino, or openvino-bf16 (the
+        fast mode): part of the checkpoints' fingerprint, so chunks of two precisions are never mixed. Waits for a
+        load still running on its thread: before it ends, which runtime runs the model is not known."""
+        self.wait_for_preload()
         return self._backend[0]
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(backend=self._backend[0], backend_reason=self._backend[1])
+        out.update(fast_mode.describe(self._precision, self.precision))
         if self._backend[0] != "torch":
             out["device"] = "cpu"  # said here, so the metadata does not import torch to resolve device 'auto'
         if self._pool is not None:  # gpu_strategy replicas: one model copy per device

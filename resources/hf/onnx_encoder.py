@@ -64,9 +64,12 @@ class ExportedEncoder:
 
     device = "cpu"
 
-    def __init__(self, exported: Exported, runtime: str, threads: int | None = None):
+    def __init__(self, exported: Exported, runtime: str, threads: int | None = None, precision: str = "f32"):
         self.exported = exported
         self.backend = runtime
+        self.precision = precision  # f32 (torch's vectors), or bf16 with OpenVINO: the fast mode (precision.py)
+        if precision != "f32" and runtime != "openvino":
+            raise ValueError(f"precision {precision!r} runs with OpenVINO only, not {runtime!r}")
         self.max_seq_length = int(exported.manifest["max_seq_length"])
         self._dimension = int(exported.manifest["dimension"])
         self._inputs = list(exported.manifest["inputs"])
@@ -89,9 +92,10 @@ class ExportedEncoder:
         elif runtime == "openvino":
             import openvino as ov
 
-            # f32 explicitly: on CPUs with AMX/AVX512-BF16 OpenVINO would otherwise run in bf16 (not torch's vectors)
+            # f32 explicitly: on CPUs with AMX/AVX512-BF16 OpenVINO would otherwise run in bf16 (not torch's vectors);
+            # bf16 only when the fast mode was asked for and passed its probe (precision.py)
             compiled = ov.Core().compile_model(str(exported.graph), "CPU", {
-                "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
                 "INFERENCE_NUM_THREADS": threads, "CACHE_DIR": str(exported.folder / "openvino")})
             local = threading.local()  # an infer request per thread: cpu_workers > 1 calls at once
 

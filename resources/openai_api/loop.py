@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -70,7 +71,8 @@ class BackgroundLoop:
 
 def http_client(max_concurrency: int, timeout_s: float) -> Any:
     """The SDK's aiohttp transport (`openai.DefaultAioHttpClient`), with a connection pool as large as the requests
-    in flight, so every request in flight keeps its connection alive between requests.
+    in flight, so every request in flight keeps its connection alive between requests. It carries what still goes
+    through the SDK (the Responses API, embeddings, /models); chat completions take the leaner path of transport.py.
 
     Why not the SDK's default httpx client: its pool keeps at most 100 idle connections (with more in flight, every
     further answer closes its connection and the next request opens a new one), and httpcore scans every pooled
@@ -84,3 +86,43 @@ def http_client(max_concurrency: int, timeout_s: float) -> Any:
 
     limits = httpx2.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     return openai.DefaultAioHttpClient(limits=limits, timeout=timeout_s)
+
+
+# Allocations between two young-generation collections while a call runs (CPython's default: 700).
+CALL_GC_THRESHOLD = 50_000
+
+
+class FewerCollections:
+    """While any generate()/embed() call of this process runs, CPython's young generation is collected every
+    `CALL_GC_THRESHOLD` allocations instead of every 700; the previous thresholds come back when the last call ends.
+
+    Why: each request allocates a few hundred short-lived objects (futures, handles, the HTTP request and response),
+    so at thousands of requests a second the collector ran constantly, and every tenth of every tenth collection is a
+    full one that walks the whole heap, which in a Dagster process (Dagster, pydantic, pyarrow loaded) is large.
+    Measured against bench/api_server.py at 1,000 in flight, the provider alone: 0.44-0.56 ms of CPU per request
+    with the default thresholds, 0.23-0.26 ms with these, 0.20-0.28 ms with the collector off (docs/BENCHMARKS.md).
+    Nothing is kept alive by it: objects are freed by reference counting as before, and only cyclic garbage waits
+    longer (up to that many allocations). Not `gc.freeze()`: objects frozen are never collected, even once garbage.
+    """
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: tuple[int, int, int] | None = None
+
+    def __enter__(self) -> FewerCollections:
+        cls = type(self)
+        with cls._lock:
+            if cls._depth == 0:
+                cls._saved = gc.get_threshold()
+                young, *older = cls._saved
+                gc.set_threshold(max(young, CALL_GC_THRESHOLD), *older)
+            cls._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0 and cls._saved is not None:
+                gc.set_threshold(*cls._saved)
+                cls._saved = None

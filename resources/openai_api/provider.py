@@ -29,7 +29,7 @@ from batch_assets.resources.base import ModelResource
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.openai_api.batch import OpenAIBatches
 from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
-from batch_assets.resources.openai_api.loop import BackgroundLoop, http_client
+from batch_assets.resources.openai_api.loop import BackgroundLoop, FewerCollections, http_client
 from batch_assets.resources.openai_api.payloads import (
     ConstraintBackend,
     JsonSchemaMode,
@@ -40,6 +40,7 @@ from batch_assets.resources.openai_api.payloads import (
     responses_generation,
 )
 from batch_assets.resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
+from batch_assets.resources.openai_api.transport import ChatTransport
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
 from batch_assets.resources.schema_support import LLAMA_CPP, OPENAI, VLLM, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
@@ -75,11 +76,13 @@ class CallStats:
 class _Loaded:
     client: Any  # openai.AsyncOpenAI
     runner: BackgroundLoop
+    transport: ChatTransport  # chat completions, the hot path (transport.py)
     gate: RequestGate
     secret: str | None  # the key in use, kept only to scrub it from error text
     schema_mode: JsonSchemaMode | None = None  # json_schema_mode resolved ('auto': asked the endpoint once)
     last_stats: CallStats = field(default_factory=CallStats)
     batches: set[str] = field(default_factory=set)  # provider batch ids this process waits on (batch mode)
+    waits: DurableWaits = field(default_factory=lambda: DurableWaits())
 
 
 def _public_url(url: str | None) -> str | None:
@@ -122,15 +125,34 @@ async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
 OnAnswer = Callable[[int, Any], Any]
 
 
-def _settle(on_answer: OnAnswer | None, start: int) -> Callable[[Any], Awaitable[None]] | None:
+class DurableWaits:
+    """One asyncio future per journal write, however many answers wait for it. `asyncio.wrap_future` per answer
+    would have the journal's thread wake the loop once per answer (a self-pipe write and a callback each: a
+    thousand of them when a round of answers is written at once); each waiter awaits it through `shield`, so a
+    cancelled request never cancels the write the others wait for. Lives on the provider's loop."""
+
+    def __init__(self) -> None:
+        self._waits: dict[concurrent.futures.Future, asyncio.Future] = {}
+
+    def wait(self, future: concurrent.futures.Future) -> Awaitable[Any]:
+        shared = self._waits.get(future)
+        if shared is None:
+            shared = self._waits[future] = asyncio.wrap_future(future)
+            shared.add_done_callback(lambda _: self._waits.pop(future, None))
+        return asyncio.shield(shared)
+
+
+def _settle(on_answer: OnAnswer | None, start: int, waits: DurableWaits) -> Callable[[Any], Awaitable[None]] | None:
     if on_answer is None:
         return None
 
     async def settle(value: Any) -> None:
-        rows = [value] if isinstance(value, Generation) else list(value)  # a Generation, or an embeddings batch
-        futures = [on_answer(start + offset, row) for offset, row in enumerate(rows)]
+        if isinstance(value, Generation):
+            futures = [on_answer(start, value)]
+        else:  # an embeddings batch
+            futures = [on_answer(start + offset, row) for offset, row in enumerate(value)]
         for future in {id(f): f for f in futures if isinstance(f, concurrent.futures.Future)}.values():
-            await asyncio.wrap_future(future)
+            await waits.wait(future)
 
     return settle
 
@@ -322,12 +344,16 @@ class OpenAICompatibleProvider(ModelResource):
         async def make_gate() -> RequestGate:  # built on the loop that will use it
             return RequestGate(self.max_concurrency, self.requests_per_minute, self.tokens_per_minute)
 
+        async def make_transport() -> ChatTransport:  # on the loop too: its session and the SDK's async headers
+            return await ChatTransport(client, self.max_concurrency).open()
+
         try:
             gate = runner.run(make_gate())
+            transport = runner.run(make_transport())
         except BaseException:
             runner.close()
             raise
-        return _Loaded(client, runner, gate, secret=None if key == PLACEHOLDER_KEY else key)
+        return _Loaded(client, runner, transport, gate, secret=None if key == PLACEHOLDER_KEY else key)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         super().setup_for_execution(context)
@@ -342,6 +368,7 @@ class OpenAICompatibleProvider(ModelResource):
         loaded, self._model = self._model, None
         if isinstance(loaded, _Loaded):
             try:
+                loaded.runner.run(loaded.transport.close())
                 loaded.runner.run(loaded.client.close())
             finally:
                 loaded.runner.close()
@@ -483,8 +510,10 @@ class OpenAICompatibleProvider(ModelResource):
             self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
         stats = CallStats(rows=len(conversations))
         rows = [list(c) for c in conversations]
-        results = loaded.runner.run(_all_or_first_error([
-            self._generate_row(loaded, c, plan, stats, _settle(on_answer, i)) for i, c in enumerate(rows)]))
+        with FewerCollections():
+            results = loaded.runner.run(_all_or_first_error([
+                self._generate_row(loaded, c, plan, stats, _settle(on_answer, i, loaded.waits))
+                for i, c in enumerate(rows)]))
         if len(results) != len(rows):  # one-to-one is the contract the infer stage relies on
             raise RuntimeError(f"{type(self).__name__}.generate produced {len(results)} results for {len(rows)} rows")
         loaded.last_stats = stats
@@ -508,8 +537,10 @@ class OpenAICompatibleProvider(ModelResource):
         size = self.embedding_batch_size
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         stats = CallStats(rows=len(texts))
-        outcomes = loaded.runner.run(_all_or_first_error([
-            self._embed_batch(loaded, b, stats, _settle(on_answer, i * size)) for i, b in enumerate(batches)]))
+        with FewerCollections():
+            outcomes = loaded.runner.run(_all_or_first_error([
+                self._embed_batch(loaded, b, stats, _settle(on_answer, i * size, loaded.waits))
+                for i, b in enumerate(batches)]))
         loaded.last_stats = stats
         failed = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, Failure)]
         if failed:
@@ -572,14 +603,14 @@ class OpenAICompatibleProvider(ModelResource):
         client = loaded.client
         if self.api == "chat":
 
-            # The SDK's generic `post` (its documented path for any endpoint): the same client, headers, auth, error
-            # types and timeout as `chat.completions.create`, without that method's per-request conversion of the
-            # arguments through their TypedDict annotations and of the answer into pydantic models, which cost more
-            # CPU than the HTTP request itself at hundreds of requests a second (docs/BENCHMARKS.md).
+            # The lean chat path (transport.py): the SDK's URL, headers and error types, without its per-request
+            # machinery, which cost more CPU than the HTTP request itself at thousands of requests a second
+            # (docs/BENCHMARKS.md); the answer is read as plain JSON into Generation (payloads.chat_generation).
             body = {"model": self.model, "messages": conversation, **plan.body}
+            post = loaded.transport.post
 
             async def send() -> Generation:
-                return chat_generation(await client.post("/chat/completions", body=body, cast_to=bytes), plan.decode)
+                return chat_generation(await post(body), plan.decode)
 
         else:
 

@@ -79,6 +79,7 @@ class Attempt:
     status: int | None = None
     authorization: str | None = None
     body: Any = None  # the JSON the client sent
+    headers: dict[str, str] = field(default_factory=dict)  # every request header, names in lower case
 
 
 def row_key(body: Any) -> str:
@@ -143,10 +144,12 @@ class FaultProxy:
             return [a for a in self.attempts if a.key == key]
 
     # -- request handling ------------------------------------------------------------------------------------------
-    def _begin(self, key: str, path: str, authorization: str | None, body: Any) -> Attempt:
+    def _begin(self, key: str, path: str, authorization: str | None, body: Any,
+               headers: dict[str, str] | None = None) -> Attempt:
         with self._lock:
             self._counts[key] += 1
-            attempt = Attempt(key, self._counts[key], path, "", time.time(), authorization=authorization, body=body)
+            attempt = Attempt(key, self._counts[key], path, "", time.time(), authorization=authorization, body=body,
+                              headers=headers or {})
             self.attempts.append(attempt)
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
@@ -195,7 +198,8 @@ class FaultProxy:
                 except ValueError:
                     body = None
                 key = row_key(body)
-                attempt = proxy._begin(key, self.path, self.headers.get("authorization"), body)
+                attempt = proxy._begin(key, self.path, self.headers.get("authorization"), body,
+                                       {k.lower(): v for k, v in self.headers.items()})
                 action = proxy.script(key, attempt.number)
                 attempt.action = type(action).__name__
                 status = 500
