@@ -103,12 +103,11 @@ def _mark_stopped(context: dg.AssetExecutionContext, why: str, stopped_at: float
     instance, run_id = context.instance, context.run_id
     try:
         tags = {STOPPED_TAG: why, MAX_RETRIES_TAG: "0"}
-        run = instance.get_run_by_id(run_id)
+        run = instance.get_run_by_id(run_id)  # read once: its tags (an earlier stop) and its status
         if stopped_at is not None:
             earlier = run.tags.get(STOP_RECEIVED_TAG) if run is not None else None
             tags[STOP_RECEIVED_TAG] = f"{min(stopped_at, float(earlier or stopped_at)):.3f}"
-        instance.add_run_tags(run_id, tags)
-        run = instance.get_run_by_id(run_id)
+        instance.add_run_tags(run_id, tags)  # tags only: the status read above still holds
         if run is not None and run.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING):
             # Nobody asked through Dagster (a signal to the process): record the stop as a cancellation.
             instance.report_run_canceling(run, message=f"Stopping the run: received {_signal_name(why)}.")
