@@ -25,6 +25,11 @@ KEYS = [f"part-{i}" for i in range(4)]
 # folders of the same shapes there)
 EMBED_MODEL = os.environ.get("BENCH_EMBED_MODEL")
 GENERATE_MODEL = os.environ.get("BENCH_GENERATE_MODEL")
+# BENCH_CLI_CWD: where the CLI runs. The dagster CLI puts its working directory first on sys.path, so from this
+# checkout `-m batch_assets.definitions` imports the checkout's batch_assets/, which has no resources/ (setup.py maps
+# them in when installed; a .venv's editable install finds them, an install with `pip --target` does not). A user
+# runs it from their own project: on a lent GPU machine run_on_device.sh sets a folder outside the checkout.
+CLI_CWD = Path(os.environ.get("BENCH_CLI_CWD", str(ROOT)))
 
 
 def embed_spec(name: str, data: Path, keys: list[str], chunk_rows: int | None = None,
@@ -142,7 +147,7 @@ def materialize(spec: dict[str, Any], keys: list[str], env: dict[str, str] | Non
     extra = {"PYTHONPATH": str(tree)} if tree else {}
     run = run_process(cmd, env={"BATCH_PIPELINES_DIR": str(pipelines), "BATCH_STORAGE_ROOT": str(storage),
                                 "DAGSTER_HOME": str(HOME), **extra, **(env or {})},
-                      cwd=tree or ROOT, log=WORK / "logs" / f"ours-{name}{label}{'-before' if tree else ''}.log")
+                      cwd=tree or CLI_CWD, log=WORK / "logs" / f"ours-{name}{label}{'-before' if tree else ''}.log")
     if run.rc == 0:
         run.result.update(run_metrics(name, run.start_epoch, run.end_epoch))
         run.result["model_loads"] = len(re.findall(r"Loaded model ", run.log_path.read_text(errors="replace")))

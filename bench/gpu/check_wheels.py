@@ -77,7 +77,7 @@ def main() -> int:
                    for t in tags):
             problems.append(f"{whl.name}: no tag installs on CPython 3.12 x86_64 Linux")
         if name in carried:
-            problems.append(f"two versions of {name}: {carried[name]} and {version}")
+            problems.append(f"two wheels of {name} ({carried[name]} and {version}): pip --target would stop")
         carried[name] = str(version)
     device, assumed = device_packages()
     shadowed = sorted(n for n in carried if n in device)

@@ -12,7 +12,8 @@
 #
 # Knobs: BENCH_DOCS (100000), BENCH_PROMPTS (2048), BENCH_REPEATS (2), GPU_TOTAL_S (seconds for the whole script,
 # 540: the device command's limit less a margin), GPU_CARRY (.gpu), GPU_PYTHON (python3), GPU_SITE (/tmp/site),
-# GPU_MODELS (/tmp/bench-models). Locally, to prove the scripts without a GPU: GPU_SKIP_INSTALL=1 (use the venv's
+# GPU_MODELS (/tmp/bench-models), GPU_REUSE_MODELS (1: keep models built by an earlier run).
+# Locally, to prove the scripts without a GPU: GPU_SKIP_INSTALL=1 (use the venv's
 # packages) GPU_PYTHON=.venv/bin/python BENCH_GPU_DEVICE=cpu BENCH_DOCS=64 BENCH_PROMPTS=8 BENCH_REPEATS=1.
 set -uo pipefail
 
@@ -28,19 +29,24 @@ PY=${GPU_PYTHON:-python3}
 SITE=${GPU_SITE:-/tmp/site}
 MODELS=${GPU_MODELS:-/tmp/bench-models}
 export BENCH_DOCS=${BENCH_DOCS:-100000} BENCH_PROMPTS=${BENCH_PROMPTS:-2048} BENCH_REPEATS=${BENCH_REPEATS:-2}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
+# no network there: the Hugging Face libraries must not try the Hub (and wait on it)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+export TOKENIZERS_PARALLELISM=false
 export BENCH_PYTHON BENCH_EMBED_MODEL=$MODELS/minilm BENCH_GENERATE_MODEL=$MODELS/smollm2 BENCH_RANDOM_WEIGHTS=1
 BENCH_PYTHON=$(command -v "$PY")
 if [ -z "${GPU_SKIP_INSTALL:-}" ]; then
     # pip --target writes the `dagster` script with this python3 in its shebang; `python3 -m dagster` would not do:
     # it puts the working directory (this repository, whose batch_assets/ lacks resources/) first on sys.path
-    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} BENCH_DAGSTER=$SITE/bin/dagster
+    # and it runs outside the checkout (BENCH_CLI_CWD, bench/ours.py): the CLI puts its working directory first on
+    # sys.path too. For the same reason `python3 -P -c` below.
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} BENCH_DAGSTER=$SITE/bin/dagster BENCH_CLI_CWD=/tmp
 fi
 
 collect() {
     rc=$?
     echo "=== [$(date -u +%T)] exit $rc after $((SECONDS - START)) s; copying results into $OUT"
-    [ -f bench/results/gpu.json ] && cp bench/results/gpu.json "$OUT/gpu.json"
+    results=${BENCH_RESULTS:-bench/results}
+    [ -f "$results/gpu.json" ] && cp "$results/gpu.json" "$OUT/gpu.json"
     # the last 2 MB of each log: what comes back is at most 8 files (run.log and gpu.json among them)
     for f in gpu-raw-embed ours-gpu_embed gpu-raw-gen ours-gpu_generate ours-gpu_smoke_generate; do
         [ -f "bench/work/logs/$f.log" ] && tail -c 2000000 "bench/work/logs/$f.log" > "$OUT/$f.log"
@@ -62,20 +68,23 @@ step() {
     return $rc
 }
 
-step facts 60 bash -c "nvidia-smi -L; $PY -c 'import sys, torch, transformers, sentence_transformers, pyarrow, \
-pandas, numpy; print(sys.version.split()[0], \"torch\", torch.__version__, \"cuda\", torch.cuda.is_available(), \
-\"transformers\", transformers.__version__, \"sentence-transformers\", sentence_transformers.__version__, \
-\"pyarrow\", pyarrow.__version__, \"pandas\", pandas.__version__, \"numpy\", numpy.__version__)'; nproc"
+step facts 60 bash -c "nvidia-smi -L; $PY bench/gpu/facts.py"
 if [ -z "${GPU_SKIP_INSTALL:-}" ]; then
     step wheels 180 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$CARRY"/wheels/*.whl || exit 10
     # our package from this tree, built with the machine's setuptools (no network: no build isolation)
     step our-package 180 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --no-build-isolation --upgrade --target "$SITE" . || exit 11
-    step imports 120 "$PY" -c "import dagster, openai, batch_assets.definitions, batch_assets.resources.hf.embedder, \
-batch_assets.resources.hf.generator; print('dagster', dagster.__version__, 'from', dagster.__file__)" || exit 12
+    step imports 120 "$PY" -P -c "import dagster, openai, batch_assets.definitions, batch_assets.resources.hf.embedder, \
+batch_assets.resources.hf.generator as g; print('dagster', dagster.__version__, 'from', dagster.__file__, \
+'; ours from', g.__file__)" || exit 12
 fi
-step models 240 "$PY" bench/gpu/build_models.py --tokenizers "$CARRY/models" --out "$MODELS" || exit 13
+if [ -n "${GPU_REUSE_MODELS:-}" ] && [ -f "$MODELS/minilm/model.safetensors" ] && \
+    [ -f "$MODELS/smollm2/model.safetensors" ]; then
+    echo "=== models: reusing $MODELS (GPU_REUSE_MODELS)"
+else
+    step models 240 "$PY" bench/gpu/build_models.py --tokenizers "$CARRY/models" --out "$MODELS" || exit 13
+fi
 step smoke 240 "$PY" bench/gpu/smoke.py || exit 14
 left=$((TOTAL - (SECONDS - START) - 15))
 if [ "$left" -lt 60 ]; then
