@@ -104,6 +104,12 @@ def main() -> int:
                 _batch(ours.generate_spec("gpu_generate", prompts, ours.KEYS, device=device), 128), ours.KEYS),
         },
     }
+    # BENCH_GPU_CHUNK_ROWS: also our embedding pipeline with runtime.chunk_rows set to this (the default, 512, is
+    # sized for CPUs): rows per provider call, so per-call overhead and length sorting across more rows
+    big = int(os.environ.get("BENCH_GPU_CHUNK_ROWS", "0"))
+    if big:
+        jobs["embed"][f"ours_chunk{big}"] = lambda: ours.materialize(
+            _batch(ours.embed_spec("gpu_embed_big", docs, ours.KEYS, chunk_rows=big, device=device), 256), ours.KEYS)
     if importlib.util.find_spec("vllm") is not None and device == "cuda":
         jobs["generate_vllm"] = {
             "raw": lambda: run_process([str(OUR_PY), str(BENCH / "gpu" / "raw_vllm.py"), "--input",
@@ -119,10 +125,14 @@ def main() -> int:
                    "random_weights": os.environ.get("BENCH_RANDOM_WEIGHTS") == "1"},
         "jobs": {}}
     try:
+        only = [j for j in os.environ.get("BENCH_GPU_JOBS", "").split(",") if j]  # e.g. embed: one job only
         for job, variants in jobs.items():
-            runs: dict[str, list[Run]] = {"raw": [], "ours": []}
+            if only and job not in only:
+                continue
+            runs: dict[str, list[Run]] = {name: [] for name in variants}
             for r in range(knobs.repeats):
-                for name in (("raw", "ours") if r % 2 == 0 else ("ours", "raw")):
+                order = list(variants)
+                for name in (order if r % 2 == 0 else order[::-1]):
                     log(f"{job} round {r + 1}: {name}")
                     run = variants[name]()
                     runs[name].append(run)
@@ -143,6 +153,11 @@ def main() -> int:
             raw_i, our_i = entry["raw"]["infer_s"].get("median"), entry["ours"]["infer_s"].get("median")
             entry["ratios"] = {"ours_vs_raw_whole_process": round(raw_w / our_w, 3) if raw_w and our_w else None,
                                "ours_infer_step_vs_raw": round(raw_i / our_i, 3) if raw_i and our_i else None}
+            for name in variants:
+                if name.startswith("ours_"):
+                    w, i = entry[name]["wall_s"].get("median"), entry[name]["infer_s"].get("median")
+                    entry["ratios"][f"{name}_vs_raw_whole_process"] = round(raw_w / w, 3) if raw_w and w else None
+                    entry["ratios"][f"{name}_infer_step_vs_raw"] = round(raw_i / i, 3) if raw_i and i else None
             results["jobs"][job] = entry
             write_json("gpu", results)
     finally:

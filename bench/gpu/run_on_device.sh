@@ -31,7 +31,8 @@ MODELS=${GPU_MODELS:-/tmp/bench-models}
 export BENCH_DOCS=${BENCH_DOCS:-100000} BENCH_PROMPTS=${BENCH_PROMPTS:-2048} BENCH_REPEATS=${BENCH_REPEATS:-2}
 # no network there: the Hugging Face libraries must not try the Hub (and wait on it)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export TOKENIZERS_PARALLELISM=false
+# the tokenizers' own threads as a user gets them (unset: on); GPU_TOKENIZERS_PARALLELISM=false turns them off
+[ -n "${GPU_TOKENIZERS_PARALLELISM:-}" ] && export TOKENIZERS_PARALLELISM=$GPU_TOKENIZERS_PARALLELISM
 export BENCH_PYTHON BENCH_EMBED_MODEL=$MODELS/minilm BENCH_GENERATE_MODEL=$MODELS/smollm2 BENCH_RANDOM_WEIGHTS=1
 BENCH_PYTHON=$(command -v "$PY")
 if [ -z "${GPU_SKIP_INSTALL:-}" ]; then
@@ -48,7 +49,7 @@ collect() {
     results=${BENCH_RESULTS:-bench/results}
     [ -f "$results/gpu.json" ] && cp "$results/gpu.json" "$OUT/gpu.json"
     # the last 2 MB of each log: what comes back is at most 8 files (run.log and gpu.json among them)
-    for f in gpu-raw-embed ours-gpu_embed gpu-raw-gen ours-gpu_generate ours-gpu_smoke_generate; do
+    for f in gpu-raw-embed ours-gpu_embed ours-gpu_embed_big gpu-raw-gen ours-gpu_generate ours-gpu_smoke_generate; do
         [ -f "bench/work/logs/$f.log" ] && tail -c 2000000 "bench/work/logs/$f.log" > "$OUT/$f.log"
     done
     ls -la "$OUT"
@@ -85,7 +86,7 @@ if [ -n "${GPU_REUSE_MODELS:-}" ] && [ -f "$MODELS/minilm/model.safetensors" ] &
 else
     step models 240 "$PY" bench/gpu/build_models.py --tokenizers "$CARRY/models" --out "$MODELS" || exit 13
 fi
-step smoke 240 "$PY" bench/gpu/smoke.py || exit 14
+[ -n "${GPU_SKIP_SMOKE:-}" ] || step smoke 240 "$PY" bench/gpu/smoke.py || exit 14
 left=$((TOTAL - (SECONDS - START) - 15))
 if [ "$left" -lt 60 ]; then
     echo "=== FAILED: only $left s left for the bench; raise GPU_TOTAL_S (and the command's time limit)"
