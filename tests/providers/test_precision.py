@@ -140,3 +140,20 @@ def test_recall_is_extended_to_the_partition_s_size() -> None:
     assert larger.at_size < alone.at_size and larger.low < larger.at_size  # worse at 100x the rows, never better
     same = precision.estimate(exact_vectors, exact_vectors, rows=40_000)
     assert same.measured == same.at_size == 1.0
+
+
+def test_the_response_cache_never_serves_one_precision_s_vectors_to_the_other(exact, tmp_path: Path) -> None:
+    if not precision.cpu_has_bf16():
+        pytest.skip("this CPU computes no bfloat16")
+    from batch_assets.reliability.cache import ResponseCache, cached
+
+    fast = SentenceTransformerEmbedder(device="cpu", precision="fast").load_for_tests()
+    cache = ResponseCache(str(tmp_path))
+    first = cached(fast, cache)
+    assert first.choose_for_partition(lambda: DOCS)["backend"] == "openvino-bf16"
+    bf16_vectors = first.embed(DOCS)  # cached under the fast partition's key
+    second = cached(fast, cache)  # the next partition: too small to measure, so exact
+    assert second.choose_for_partition(lambda: DOCS[:40])["backend"] == exact.backend_used
+    again = second.embed(DOCS)
+    assert second.hits == 0 and np.allclose(again, exact.embed(DOCS), atol=1e-6)
+    assert not np.allclose(again, bf16_vectors, atol=1e-6)
