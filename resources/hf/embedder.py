@@ -130,9 +130,10 @@ class SentenceTransformerEmbedder(ModelResource):
         _ = self.loaded  # the load (on its thread) builds the fast mode
         fast = self._fast
         found = fast.decide(inputs)
-        self._partition = fast.chosen(found)
-        return {**fast_mode.describe(found, self.precision), "backend": self._partition[1],
-                "backend_reason": self._partition[2]}
+        # refused: the model as loaded (the exported encoder, or torch on a GPU or in a replicas pool)
+        self._partition = fast.chosen(found) if found.usable else None
+        backend, why = self._partition[1:] if self._partition is not None else self._backend
+        return {**fast_mode.describe(found, self.precision), "backend": backend, "backend_reason": why}
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

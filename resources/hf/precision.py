@@ -172,10 +172,8 @@ class FastMode:
             return self._verdicts[key]
 
     def chosen(self, found: Verdict) -> tuple[Any, str, str]:
-        """(encoder, backend, why) for a partition the probe judged `found`."""
-        if found.usable:
-            return self.fast, FAST_BACKEND, f"{self.why}; precision fast: {found.reason}"
-        return self.exact, self.exact_backend, self.why
+        """(encoder, backend, why) for a partition the probe let run fast."""
+        return self.fast, FAST_BACKEND, f"{self.why}; precision fast: {found.reason}"
 
 
 def describe(verdict: Verdict | None, asked: str) -> dict[str, Any]:

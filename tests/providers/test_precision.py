@@ -157,3 +157,15 @@ def test_the_response_cache_never_serves_one_precision_s_vectors_to_the_other(ex
     again = second.embed(DOCS)
     assert second.hits == 0 and np.allclose(again, exact.embed(DOCS), atol=1e-6)
     assert not np.allclose(again, bf16_vectors, atol=1e-6)
+
+
+def test_fast_on_a_model_that_runs_with_torch_keeps_torch(exact) -> None:
+    # a replicas pool (as on GPUs; here two CPU workers) runs torch: fast is refused, and the rows still embed
+    pooled = SentenceTransformerEmbedder(device="cpu", precision="fast", replica_devices=["cpu", "cpu"])
+    pooled.load_for_tests()
+    try:
+        md = pooled.choose_for_partition(lambda: pytest.fail("no probe runs where fast cannot"))
+        assert md["precision"] == "exact (fast refused)" and md["backend"] == "torch" == pooled.backend_used
+        assert min_cosine(pooled.embed(DOCS[:8]), exact.embed(DOCS[:8])) >= 0.9999
+    finally:
+        pooled.teardown_after_execution(dg.build_init_resource_context())
