@@ -35,7 +35,7 @@ from batch_assets.reliability.cache import ResponseCache, cached
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
 from batch_assets.reliability.locks import partition_lock
 from batch_assets.spec import PipelineSpec
-from batch_assets.stages.infer import InferStats, infer_rows
+from batch_assets.stages.infer import InferStats, choose_for_partition, infer_rows
 from batch_assets.stages.write import run_write
 from batch_assets.storage import (ArrowStorage, filesystem_for, join, parquet_schema, read_batches, upstream_url,
                                   write_parquet)
@@ -91,6 +91,8 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
         if not retried_rows:
             log(f"{spec.name} partition {key!r}: no retryable dead letters")
         else:
+            # the precision the partition ran in, decided again from the same rows (same answer: resources/hf/precision.py)
+            choose_for_partition(spec, provider, upstream_url(storage, spec.name, "prepared", key), key)
             checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider), RETRY_STAGE).open()
             stats = InferStats()
             infer_rows(task_for(spec, provider), todo_url, done_url, checkpoint, stats, key)

@@ -171,6 +171,7 @@ def run_metrics(name: str, start_epoch: float = 0.0, end_epoch: float = 0.0) -> 
     with dg.DagsterInstance.from_config(str(HOME)) as instance:
         run = instance.get_runs(limit=1)[0]
         out: dict[str, Any] = {"run_id": run.run_id}
+        precisions: dict[str, str] = {}
         for stage in ("raw", "prepared", "inferred", "output"):
             records = instance.fetch_materializations(dg.AssetKey([name, stage]), limit=1000).records
             per_partition = {}
@@ -181,7 +182,11 @@ def run_metrics(name: str, start_epoch: float = 0.0, end_epoch: float = 0.0) -> 
                 md = mat.metadata if mat else {}
                 if "duration_s" in md:
                     per_partition[mat.partition] = float(md["duration_s"].value)
+                if "precision" in md:  # precision: fast is decided per partition (resources/hf/precision.py)
+                    precisions[mat.partition] = str(md["precision"].value)
             out[f"{stage}_s"] = sum(per_partition.values())
+        if precisions:
+            out["partitions_fast"] = sum(p.startswith("fast") for p in precisions.values())
         logs = instance.all_logs(run.run_id)
         if logs and start_epoch:
             out["phase_cli_start_and_definitions_s"] = logs[0].timestamp - start_epoch

@@ -114,7 +114,8 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
         variants["Ray Data map_batches"] = lambda r: _peer("ray_embed.py", ["--input", glob, "--output",
                                                                               _fresh(out / "ray_embed")], f"ray-embed-{r}")
     runs = interleave(variants, knobs.repeats_for("embed"))
-    res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "read_s", "write_s", "model_loads", *PHASES))
+    res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "read_s", "write_s", "model_loads",
+                          "partitions_fast", *PHASES))
     raw = med(res, RAW_EMBED)
     mine = med(res, OURS)
     peers = [m for m in (med(res, "Daft embed_text"), med(res, "Ray Data map_batches")) if m]
@@ -127,6 +128,8 @@ def bench_embed(knobs: Knobs) -> dict[str, Any]:
     _add_speed_vs_raw(res, raw)
     fidelity = _fast_fidelity(out)
     ratios["fast_recall_at_10_vs_raw"] = fidelity.get("recall_at_10")
+    # of the 4 partitions, how many the probe let run fast (the others ran exact: resources/hf/precision.py)
+    ratios["fast_partitions_of_4"] = med(res, OURS_FAST, "partitions_fast")
     return {"rows": knobs.docs, "files": 4, "repeats": knobs.repeats_for("embed"), "variants": res, "ratios": ratios,
             "fast_fidelity": fidelity}
 

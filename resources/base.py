@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import dagster as dg
@@ -121,6 +122,14 @@ class ModelResource(dg.ConfigurableResource):
         """The run was stopped by its user: cancel every provider batch this process waits on; returns their
         ids. A crash cancels nothing (a rerun re-attaches instead)."""
         return []
+
+    def choose_for_partition(self, inputs: Callable[[], list[Any]]) -> dict[str, Any]:
+        """Settle, from one partition's own model inputs (`inputs()` reads them: every non-empty row's), anything the
+        provider decides per partition, before the infer stage takes the partition's checkpoint fingerprint (so
+        a choice here is part of it and a partition is never computed half one way, half another); returns the
+        partition's metadata about it. Called one partition at a time. Only the embedder's `precision: fast` decides
+        anything (resources/hf/precision.py)."""
+        return {}
 
     def stop(self, grace_s: float) -> None:
         """The run is stopping (Terminate, SIGTERM, Ctrl-C): send nothing new from now on, let calls in flight

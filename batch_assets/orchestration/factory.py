@@ -479,7 +479,9 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             with merging:
                 stats.merge(part)
             progress.finish(delta.get("rows_with_errors"))
-            report.extra.update(infer_partition_metadata(spec, describe, device, delta))
+            # what the partition decided for itself (run_infer: the backend of `precision: fast`) wins over the run's
+            for name, value in infer_partition_metadata(spec, describe, device, delta).items():
+                report.extra.setdefault(name, value)
             if spec.prepare.trial:  # a trial's rows only (stages/trial.py): never the partition's full output
                 report.extra["trial"] = True
             if part.error_samples:

@@ -158,6 +158,14 @@ class CachedProvider:
             if callable(getattr(provider, method, None)):
                 setattr(self, method, self._cached(method))
 
+    def choose_for_partition(self, inputs: Callable[[], list[Any]]) -> dict[str, Any]:
+        """The wrapped provider's per-partition choice (resources/base.py), made part of the cache key: a vector
+        computed in one precision is never served to a partition running in the other."""
+        chosen = self._inner.choose_for_partition(inputs)
+        if "backend" in chosen:
+            self._fingerprint = {**model_fingerprint(self._inner), "backend": chosen["backend"]}
+        return chosen
+
     def __getattr__(self, name: str) -> Any:  # describe(), predict(), loaded, ... of the wrapped provider
         return getattr(self._inner, name)
 

@@ -130,10 +130,32 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
     start = time.perf_counter()
     src = upstream_url(storage, spec.name, "prepared", key)
     url = storage.stage_url(spec.name, "inferred", key)
+    chosen = choose_for_partition(spec, provider, src, key)
     checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
     total = parquet_rows(src)
     rows, extra = infer_rows(task_for(spec, provider), src, url, checkpoint, stats, key)
-    return PartitionReport(key, total, rows, time.perf_counter() - start, url, extra)
+    return PartitionReport(key, total, rows, time.perf_counter() - start, url, {**extra, **chosen})
+
+
+def choose_for_partition(spec: PipelineSpec, provider: Any, src: str, key: str) -> dict[str, Any]:
+    """What the provider decides from the partition's own rows before its fingerprint is taken (the embedder's
+    `precision: fast`: resources/hf/precision.py); the partition's metadata about it, and a log line."""
+    choose = getattr(provider, "choose_for_partition", None)  # test doubles and user classes may not subclass
+    if choose is None:
+        return {}
+    column = task_type(spec).model_input(spec)[0]
+
+    def inputs() -> list[Any]:
+        out: list[Any] = []
+        for batch in read_batches(src, columns=[column, "_input_empty"]):
+            out += batch.filter(pc.invert(batch.column("_input_empty"))).column(column).to_pylist()
+        return out
+
+    chosen = choose(inputs)
+    if "precision" in chosen:
+        log.info("%s partition %s: precision %s (%s)", spec.name, key, chosen["precision"],
+                 chosen.get("precision_reason", "as configured"))
+    return chosen
 
 
 def infer_rows(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, stats: InferStats,

@@ -9,7 +9,7 @@ cut into chunks the workers take from a queue, and the vectors come back in the 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -48,9 +48,10 @@ class SentenceTransformerEmbedder(ModelResource):
     precision: Literal["exact", "fast"] = Field(
         default="exact",
         description="'exact': float32, the vectors torch computes (min cosine >= 0.9999). 'fast': bfloat16 with "
-        "OpenVINO on CPUs that have it (AMX or AVX512-BF16), used only where a retrieval probe on this machine keeps "
-        "recall@10 >= 0.99 against the exact vectors (measured once per model and CPU, then cached); elsewhere exact. "
-        "The infer asset's metadata says which ran and the measured recall and cosine (docs/providers-local-cpu.md).",
+        "OpenVINO on CPUs that have it (AMX or AVX512-BF16), decided per partition on its own rows: 512 of them "
+        "encoded both ways, fast only if recall@10 against the exact vectors stays >= 0.99 (lower bound), else the "
+        "whole partition exact. Each partition's metadata says which ran and the measured recall and cosine "
+        "(docs/providers-local-cpu.md).",
     )
     batch_size: int = Field(
         default=32,
@@ -75,7 +76,9 @@ class SentenceTransformerEmbedder(ModelResource):
 
     _pool: Any = PrivateAttr(default=None)
     _backend: tuple[str, str] = PrivateAttr(default=("torch", ""))
-    _precision: Any = PrivateAttr(default=None)  # precision.Verdict when precision is fast
+    _fast: Any = PrivateAttr(default=None)  # precision.FastMode when precision is fast
+    # (encoder, backend, why) the current partition runs with, when fast mode decided it (choose_for_partition)
+    _partition: Any = PrivateAttr(default=None)
 
     def pool_devices(self) -> list[str]:
         """The pool's devices, or [] for one model in this process."""
@@ -90,7 +93,7 @@ class SentenceTransformerEmbedder(ModelResource):
         devices = self.pool_devices()
         encoder, backend, why = load_exported(self.model, self.backend, self.device, bool(devices))
         if self.precision == "fast":
-            encoder, backend, why, self._precision = fast_mode.choose(encoder, backend, why, self.backend)
+            self._fast = fast_mode.load(encoder, backend, why, self.backend)
         self._backend = (backend, why)
         if encoder is not None:
             return encoder
@@ -112,15 +115,30 @@ class SentenceTransformerEmbedder(ModelResource):
     @property
     def backend_used(self) -> str:
         """The runtime that runs the model (after load): torch, onnx (onnxruntime), openvino, or openvino-bf16 (the
-        fast mode): part of the checkpoints' fingerprint, so chunks of two precisions are never mixed. Waits for a
-        load still running on its thread: before it ends, which runtime runs the model is not known."""
+        fast mode, for the partition it was chosen for): part of the checkpoints' fingerprint, so chunks of two
+        precisions are never mixed. Waits for a load still running on its thread: before it ends, which runtime
+        runs the model is not known."""
         self.wait_for_preload()
-        return self._backend[0]
+        return self._partition[1] if self._partition is not None else self._backend[0]
+
+    def choose_for_partition(self, inputs: Callable[[], list[Any]]) -> dict[str, Any]:
+        """`precision: fast`: probe the partition's own model inputs (resources/hf/precision.py) and run the whole
+        partition in the precision the probe allows. The infer stage calls this before it takes the checkpoint's
+        fingerprint, one partition at a time (this provider declares no partition overlap)."""
+        if self.precision != "fast":
+            return {}
+        _ = self.loaded  # the load (on its thread) builds the fast mode
+        fast = self._fast
+        found = fast.decide(inputs)
+        # refused: the model as loaded (the exported encoder, or torch on a GPU or in a replicas pool)
+        self._partition = fast.chosen(found) if found.usable else None
+        backend, why = self._partition[1:] if self._partition is not None else self._backend
+        return {**fast_mode.describe(found, self.precision), "backend": backend, "backend_reason": why}
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(backend=self._backend[0], backend_reason=self._backend[1])
-        out.update(fast_mode.describe(self._precision, self.precision))
+        out.update(fast_mode.describe(None, self.precision))
         if self._backend[0] != "torch":
             out["device"] = "cpu"  # said here, so the metadata does not import torch to resolve device 'auto'
         if self._pool is not None:  # gpu_strategy replicas: one model copy per device
@@ -132,6 +150,7 @@ class SentenceTransformerEmbedder(ModelResource):
         if self._pool is not None:
             self.loaded.stop_multi_process_pool(self._pool)  # the workers exit before the step ends
             self._pool = None
+        self._fast = self._partition = None
         super().teardown_after_execution(context)
 
     def chunks_in_flight(self, chunk_rows: int) -> int:
@@ -155,7 +174,8 @@ class SentenceTransformerEmbedder(ModelResource):
         return encoder_limit(self.loaded.tokenizer, self.loaded.max_seq_length)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        vectors = self.loaded.encode(
+        model = self._partition[0] if self._partition is not None else self.loaded
+        vectors = model.encode(
             list(texts),
             batch_size=self.batch_size,
             normalize_embeddings=self.normalize,
