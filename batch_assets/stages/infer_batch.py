@@ -46,7 +46,7 @@ from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.stages.infer_streams import exact_chunks
 from batch_assets.storage import read_batches
 from batch_assets.tasks import Task
-from batch_assets.resources.errors import GAVE_UP
+from batch_assets.resources.errors import GAVE_UP, BatchNotIdentified
 from batch_assets.resources.protocols import BatchState, Generation
 
 log = logging.getLogger(__name__)
@@ -215,39 +215,59 @@ class _BatchRun:
 
     def _submit_file(self, cids: list[str], lines: list[bytes]) -> Submission:
         sub = self.ledger.new(cids, self.me, self.session.family)
-        self.ledger.save(sub)  # intent: before the upload
-        sub.file_id = self.session.upload(sub.file_name, b"".join(lines))
-        self.ledger.save(sub)  # the file: before the batch exists
-        self._create(sub)
+        self.ledger.save(sub)  # intent: before the upload (or, inline requests: before the create)
+        data = b"".join(lines)
+        if self.session.uploads_input:
+            sub.file_id = self.session.upload(sub.file_name, data)
+            self.ledger.save(sub)  # the file: before the batch exists
+        self._create(sub, data)
         self.stats.batches_submitted += 1
-        self._say(f"submitted batch {sub.batch_id} ({len(cids)} rows, input file {sub.file_id})")
+        where = f"input file {sub.file_id}" if sub.file_id else "requests inline"
+        self._say(f"submitted batch {sub.batch_id} ({len(cids)} rows, {where})")
         return sub
 
-    def _create(self, sub: Submission) -> None:
+    def _create(self, sub: Submission, data: bytes) -> None:
         try:
-            sub.batch_id = self.session.create(sub.file_id, sub.token)
+            sub.batch_id = self.session.create(sub, data)
         except Exception:
             # The answer may have been lost after the batch was made: look before anything is sent again.
-            sub.batch_id = self.session.find_batch(sub.token, sub.created)
+            sub.batch_id = self._find(sub)
             if sub.batch_id is None:
                 raise
         self.ledger.save(sub)
 
+    def _find(self, sub: Submission) -> str | None:
+        """The provider's batch of a submission whose batch id was never written down, or None. A provider that
+        cannot tell (several candidates, no token: Anthropic's) stops the partition here, naming what to check."""
+        claimed = {s.batch_id for s in self.ledger.submissions() if s.batch_id}
+        try:
+            return self.session.find_batch(sub, claimed)
+        except BatchNotIdentified as exc:
+            raise PipelineError(
+                f"partition {self.key!r}: {exc}", file=f"{self.ledger.url}/submission-{sub.token}.json",
+                fix=f"look at these batches in the provider's console ({', '.join(exc.candidates)}): if one holds "
+                "this partition's rows, write its id as \"batch_id\" into the named ledger file and run again (it is "
+                "re-attached); if none does, delete that file and run again (its rows are submitted); cancel any "
+                "that is a duplicate") from None
+
     def _reattach(self, sub: Submission) -> bool:
         """A submission written down before its batch id was: find its batch by token (or its upload by name and
         create the batch now). False: nothing of it reached the provider, and it is dropped."""
-        found = self.session.find_batch(sub.token, sub.created)
+        found = self._find(sub)
         if found is not None:
             sub.batch_id = found
             self.ledger.save(sub)
             return True
+        if not self.session.uploads_input:  # inline requests: not found means never created
+            self.ledger.forget(sub)
+            return False
         if sub.file_id is None:
             sub.file_id = self.session.find_upload(sub.file_name)
             if sub.file_id is None:
                 self.ledger.forget(sub)
                 return False
             self.ledger.save(sub)
-        self._create(sub)
+        self._create(sub, b"")  # the file is uploaded: the create names it
         self.stats.batches_submitted += 1
         return True
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from batch_assets.resources.openai_api.limits import estimate_chat_tokens
 from batch_assets.resources.openai_api.payloads import RequestPlan, chat_generation
 from batch_assets.resources.openai_api.retry import MalformedResponse, RETRYABLE_STATUS, SETUP_STATUS, \
-    backoff_delay, classify_failure, redact
+    control_call, redact
 from batch_assets.resources.errors import ProviderSetupError
 from batch_assets.resources.protocols import BatchOutcome, BatchState
 
@@ -33,7 +32,6 @@ PENDING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 ENDED = frozenset({"completed", "expired", "cancelled", "failed"})
 # Error codes of a failed batch that say "not now" rather than "this file is wrong": the rows go into a later batch.
 RETRY_LATER_CODES = frozenset({"token_limit_exceeded", "rate_limit_exceeded"})
-CONTROL_ATTEMPTS = 5
 
 
 @dataclass
@@ -52,6 +50,7 @@ class OpenAIBatches:
     max_enqueued_tokens: int | None = None  # the model's queue of enqueued tokens, as the provider limits it
     stopped: Callable[[], bool] = lambda: False  # the run is stopping: the wait ends at its next poll
     family: str = "openai"
+    uploads_input: bool = True  # the requests go up as a file first (/v1/files), then the batch names it
 
     # -- building the input file ---------------------------------------------------------------------------------
     def request_line(self, custom_id: str, conversation: list[dict[str, Any]]) -> bytes:
@@ -94,15 +93,17 @@ class OpenAIBatches:
 
         return self._control(find)
 
-    def create(self, file_id: str, token: str) -> str:
-        """Submit; raises on failure, never retries (the caller looks the token up first: a lost answer)."""
+    def create(self, sub: Any, data: bytes) -> str:
+        """Submit the submission's uploaded file (`data` is already in it); raises on failure, never retries (the
+        caller looks the token up first: a lost answer)."""
         batch = self.run(self._timed(self.client.batches.create(
-            input_file_id=file_id, endpoint=ENDPOINT, completion_window="24h", metadata={TOKEN_KEY: token})))
+            input_file_id=sub.file_id, endpoint=ENDPOINT, completion_window="24h", metadata={TOKEN_KEY: sub.token})))
         self.active.add(batch.id)
         return batch.id
 
-    def find_batch(self, token: str, since: float) -> str | None:
-        """The batch submitted with `token` (created at or after `since`, epoch seconds), or None."""
+    def find_batch(self, sub: Any, claimed: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+        """The batch submitted with the submission's token (created at or after its intent), or None."""
+        token, since = sub.token, sub.created
 
         async def find() -> str | None:
             async for batch in self.client.batches.list(limit=100):
@@ -197,17 +198,4 @@ class OpenAIBatches:
             return await coro
 
     def _control(self, call: Callable[[], Any]) -> Any:
-        """A read or an idempotent call, retried on transient failures (a restarting endpoint included)."""
-        for attempt in range(1, CONTROL_ATTEMPTS + 1):
-            try:
-                return self.run(self._timed(call()))
-            except Exception as exc:
-                failure = classify_failure(exc, secret=self.secret, timeout_s=self.timeout_s)
-                if failure is None or not failure.retryable or attempt == CONTROL_ATTEMPTS:
-                    if failure is not None and failure.setup_fix is not None and \
-                            getattr(exc, "status_code", None) != 404:  # a 404 is the caller's to explain
-                        raise ProviderSetupError(failure.message, failure.setup_fix) from None
-                    raise
-                time.sleep(max(backoff_delay(attempt, 1.0, 30.0), failure.retry_after_s or 0))
-        raise AssertionError("unreachable")
-
+        return control_call(self.run, call, secret=self.secret, timeout_s=self.timeout_s)

@@ -122,26 +122,22 @@ def _prompt(body: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
-class Standin:
-    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int,
-                 enqueued_token_limit: int | None = None):
+class StandinState:
+    """What both stand-ins (this one and anthropic_standin.py) keep: state on disk (a restart keeps it) and a clock
+    the test moves. `fresh`: the provider-specific part of a new state."""
+
+    def __init__(self, state_dir: Path, fresh: dict[str, Any]):
         self.dir = state_dir
-        self.files_dir = state_dir / "files"
-        self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.api_key, self.max_requests, self.max_bytes = api_key, max_requests, max_bytes
-        self.enqueued_token_limit = enqueued_token_limit
+        self.dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / "state.json"
         if path.exists():
             self.state = json.loads(path.read_text())
             self.state["stats"]["restarts"] += 1
         else:
-            self.state = {"base": int(time.time()), "offset": 0.0, "speed": 0.0, "speed_since": 0.0, "files": {},
-                          "batches": {}, "seen": {},
-                          "faults": {"lose_create_response": 0},
-                          "stats": {"batches_created": 0, "files_uploaded": 0, "restarts": 0, "calls": {}}}
+            self.state = {"base": int(time.time()), "offset": 0.0, "speed": 0.0, "speed_since": 0.0, "seen": {},
+                          "faults": {"lose_create_response": 0}, **fresh}
         self.save()
 
-    # -- persistence and time ----------------------------------------------------------------------------------------
     def save(self) -> None:
         tmp = self.dir / f"state.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(self.state))
@@ -158,6 +154,32 @@ class Standin:
         self.state["offset"] = self.now() - self.state["base"]
         self.state["speed"], self.state["speed_since"] = speed, time.time()
         self.save()
+
+    def advance(self, body: dict[str, Any]) -> float:
+        """POST /_standin/advance {"seconds": s} and/or {"speed": r}."""
+        self.state["offset"] += float(body.get("seconds", 0))
+        if "speed" in body:
+            self.set_speed(float(body["speed"]))
+        self.save()
+        return self.now()
+
+    def seen_first(self, prompt: str) -> bool:
+        """Whether this is the first time the stand-in sees `prompt` (the [[...-once]] markers)."""
+        key = hashlib.sha256(prompt.encode()).hexdigest()
+        first = key not in self.state["seen"]
+        self.state["seen"][key] = self.state["seen"].get(key, 0) + 1
+        return first
+
+
+class Standin(StandinState):
+    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int,
+                 enqueued_token_limit: int | None = None):
+        self.files_dir = state_dir / "files"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.api_key, self.max_requests, self.max_bytes = api_key, max_requests, max_bytes
+        self.enqueued_token_limit = enqueued_token_limit
+        super().__init__(state_dir, {"files": {}, "batches": {}, "stats": {
+            "batches_created": 0, "files_uploaded": 0, "restarts": 0, "calls": {}}})
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{uuid.uuid4().hex[:24]}"
@@ -264,9 +286,7 @@ class Standin:
             return {"kind": "error", "status": 400, "body": {"error": {
                 "message": "The request was refused ([[400]] in the prompt).", "type": "invalid_request_error",
                 "param": "messages", "code": None}}}
-        key = hashlib.sha256(prompt.encode()).hexdigest()
-        first = key not in self.state["seen"]
-        self.state["seen"][key] = self.state["seen"].get(key, 0) + 1
+        first = self.seen_first(prompt)
         if "[[500]]" in prompt or ("[[500-once]]" in prompt and first):
             return {"kind": "error", "status": 500, "body": {"error": {
                 "message": "The server had an error while processing your request.", "type": "server_error",
@@ -534,12 +554,7 @@ def make_app(s: Standin) -> web.Application:
         return web.json_response(s.view(batch_id))
 
     async def advance(request: web.Request) -> web.Response:
-        body = await request.json()
-        s.state["offset"] += float(body.get("seconds", 0))
-        if "speed" in body:
-            s.set_speed(float(body["speed"]))
-        s.save()
-        return web.json_response({"now": s.now()})
+        return web.json_response({"now": s.advance(await request.json())})
 
     async def chat(request: web.Request) -> web.Response:
         """The online endpoint beside the batch one (OpenAI serves both): the same answers, at once."""
@@ -577,13 +592,19 @@ def make_app(s: Standin) -> web.Application:
     return app
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, max_requests: int, max_bytes: int) -> argparse.ArgumentParser:
+    """The command line both stand-ins take (anthropic_standin.py adds nothing; this one its token limit)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS)
-    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES)
+    parser.add_argument("--max-requests", type=int, default=max_requests)
+    parser.add_argument("--max-bytes", type=int, default=max_bytes)
+    return parser
+
+
+def main() -> None:
+    parser = arguments(__doc__, MAX_REQUESTS, MAX_BYTES)
     parser.add_argument("--enqueued-token-limit", type=int, default=None,
                         help="per model: a batch whose tokens would take its model's queue of validated, unended "
                         "batches past this fails validation with token_limit_exceeded")
