@@ -73,13 +73,15 @@ def custom_id(key: str, request_digest: str) -> str:
 
 def uses_batches(task: Task) -> bool:
     """Whether the partition goes through the provider's batch API (`batch_api` in model.config)."""
-    if task.method != "generate":
+    methods = task.provider.batch_methods
+    if task.method not in methods:
         if getattr(task.provider, "batch_api", False) is True:
+            kinds = " and ".join(f"'{m}'" for m in sorted(methods)) or "no task"
             raise PipelineError(
-                f"model.config batch_api applies to task 'generate', not {task.kind!r}: nothing was sent",
-                fix="remove batch_api from model.config (this task's rows are then sent online)")
+                f"model.config batch_api applies to task {kinds} with this provider, not {task.kind!r}: nothing was "
+                "sent", fix="remove batch_api from model.config (this task's rows are then sent online)")
         return False
-    return task.provider.batch_session(task.params) is not None
+    return task.provider.batch_session(task.params, task.method) is not None
 
 
 def run_batches(task: Task, src: str, checkpoint: ChunkCheckpoint, journal: AnswerJournal, stats: Any,
@@ -87,7 +89,7 @@ def run_batches(task: Task, src: str, checkpoint: ChunkCheckpoint, journal: Answ
     """Every row of the partition that still needs an answer, through the provider's batch API; answers into the
     journal, row errors and owed rows into `journal.settled` (the chunk loop takes them as results), rows for the
     online path left unanswered."""
-    session = task.provider.batch_session(task.params)
+    session = task.provider.batch_session(task.params, task.method)
     ledger = BatchLedger(ledger_url(checkpoint.partition_url))
     rows = _rows_to_ask(task, src, checkpoint, session.request_digest())
     waiting = {cid for cid, row in rows.items() if not journal.answered(row.key)}
@@ -123,6 +125,9 @@ class _BatchRun:
         self.max_attempts = int(getattr(provider, "max_attempts", 5))
         self.poll_s = float(getattr(provider, "batch_poll_interval_s", 60.0))
         self.retry_online = getattr(provider, "batch_retry_rows", "new_batch") == "online"
+        # an embedding has no per-row error slot (as online: EmbeddingError): a row that cannot get its vector
+        # stops the partition, naming the row
+        self.vectors = task.vectors
         self.me = uuid.uuid4().hex  # this run's session: its transient failures count against max_attempts
         self.attempts: Counter[str] = Counter()
         self.collected: set[str] = set()  # submission tokens read back in this run
@@ -284,15 +289,17 @@ class _BatchRun:
             if row is None:
                 continue  # a row of another setup (its input or the request changed since)
             seen.add(cid)
-            if outcome.answer is not None and cid not in self.answered_by_batch:
+            answer = outcome.answer
+            generation = isinstance(answer, Generation)
+            if answer is not None and cid not in self.answered_by_batch:
                 self.answered_by_batch.add(cid)
                 self.stats.batch_rows += 1
-                self.stats.batch_prompt_tokens += outcome.answer.prompt_tokens or 0
-                self.stats.batch_completion_tokens += outcome.answer.completion_tokens or 0
+                self.stats.batch_prompt_tokens += (answer.prompt_tokens if generation else outcome.prompt_tokens) or 0
+                self.stats.batch_completion_tokens += (answer.completion_tokens if generation else 0) or 0
             if cid not in self.waiting:
                 continue
-            if outcome.answer is not None:
-                if outcome.answer.error is not None:  # the model answered with no text: as online, a row error
+            if answer is not None:
+                if generation and answer.error is not None:  # the model answered with no text: a row error
                     self._settle(cid, outcome.answer)
                 else:
                     self.journal.record(row.key, outcome.answer)
@@ -308,6 +315,12 @@ class _BatchRun:
             self._transient(cid, sub, why)
 
     def _settle(self, cid: str, result: Generation) -> None:
+        if self.vectors:
+            row = self.rows[cid].row_id
+            raise PipelineError(
+                f"partition {self.key!r}: row {row!r} got no embedding from the batch: {result.error}", row=str(row),
+                fix="a refusal (4xx) names what to change in the row's text or the embedding settings; an outage "
+                "(gave up after N attempts): run the partition again, only the rows without a vector are asked")
         self.journal.settle(self.rows[cid].key, result)
         self.waiting.discard(cid)
 

@@ -54,6 +54,7 @@ class AnthropicProvider(HostedApiProvider):
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"anthropic"})
     answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
+    batch_methods: ClassVar[frozenset[str]] = frozenset({"generate"})
     default_endpoint: ClassVar[str | None] = API_HOST
     unparseable_hint: ClassVar[str] = (
         "Anthropic did not enforce the output format: check that `model` supports structured outputs "
@@ -165,8 +166,8 @@ class AnthropicProvider(HostedApiProvider):
         return self.loaded.last_stats
 
     # -- batch mode (anthropic_api/batch.py; the machinery: batch_assets/stages/infer_batch.py) ---------------------
-    def batch_session(self, params: GenerationParams) -> AnthropicBatches | None:
-        if not self.batch_api:
+    def batch_session(self, params: GenerationParams, method: str = "generate") -> AnthropicBatches | None:
+        if not self.batch_api or method != "generate":
             return None
         loaded = self.loaded
         plan = self._plan(loaded, params)

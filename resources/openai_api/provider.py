@@ -159,6 +159,7 @@ class OpenAICompatibleProvider(HostedApiProvider):
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
     answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
+    batch_methods: ClassVar[frozenset[str]] = frozenset({"generate", "embed"})
     accepts_file_parts: ClassVar[bool] = True  # OpenAI reads PDFs sent as file parts (a server may refuse them)
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
     unparseable_hint: ClassVar[str] = (
@@ -256,7 +257,8 @@ class OpenAICompatibleProvider(HostedApiProvider):
         description="Send the rows through the provider's Batch API (/v1/files + /v1/batches, half the online price "
         "at OpenAI) instead of one request each: answers come within 24 h; the partition's batch ids are kept in "
         "the storage root, so a rerun, a crash or a retry re-attaches and never submits twice (docs/"
-        "providers-openai.md#batch-mode). Chat API and task 'generate' only.",
+        "providers-openai.md#batch-mode). Task 'generate' (Chat API only: /v1/chat/completions lines) and task "
+        "'embed' (/v1/embeddings lines, one text each).",
     )
     batch_poll_interval_s: float = Field(
         default=60.0, gt=0, description="Batch mode: seconds between two status checks of a partition's batches.")
@@ -346,10 +348,18 @@ class OpenAICompatibleProvider(HostedApiProvider):
         await loaded.client.batches.cancel(batch_id)
 
     # -- batch mode (resources/openai_api/batch.py; the machinery: batch_assets/stages/infer_batch.py) ---------------
-    def batch_session(self, params: GenerationParams) -> OpenAIBatches | None:
+    def batch_session(self, params: GenerationParams | None, method: str = "generate") -> OpenAIBatches | None:
         if not self.batch_api:
             return None
         loaded = self.loaded
+        if method == "embed":  # /v1/embeddings lines: one text each, the online request's fields
+            body: dict[str, Any] = {"model": self._embedding_model(), "encoding_format": "float"}
+            if self.dimensions is not None:
+                body["dimensions"] = self.dimensions
+            return OpenAIBatches(loaded.client, loaded.runner.run, self.model, None, loaded.secret, self.timeout_s,
+                                 self.batch_max_requests, self.batch_max_bytes, loaded.batches,
+                                 max_enqueued_tokens=self.batch_max_enqueued_tokens,
+                                 stopped=lambda: loaded.gate.stopping, embed_body=body)
         plan = plan_request(
             params,
             api=self.api,

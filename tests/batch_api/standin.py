@@ -58,6 +58,7 @@ MAX_BYTES = 200 * 1000 * 1000
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations")
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 NEVER = float("inf")
+EMBED_DIM = 8
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -111,7 +112,15 @@ def _tokens(body: dict[str, Any]) -> int:
     return len(_prompt(body)) // 4 + int(budget)
 
 
+def embedding(text: str, dimensions: int = EMBED_DIM) -> list[float]:
+    """The stand-in's embedding of a text: deterministic, so a batch's vector can be compared with the online one."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dimensions)]
+
+
 def _prompt(body: dict[str, Any]) -> str:
+    if isinstance(body.get("input"), str):  # an embeddings request
+        return body["input"]
     texts = []
     for message in body.get("messages") or []:
         content = message.get("content")
@@ -240,6 +249,10 @@ class Standin(StandinState):
                            f"{batch['endpoint']!r}.")
             elif not isinstance(item["body"], dict) or not isinstance(item["body"].get("model"), str):
                 problem = ("missing_required_parameter", "body.model", "The body must name a model.")
+            elif item["url"] == "/v1/embeddings" and not isinstance(item["body"].get("input"), (str, list)):
+                problem = ("missing_required_parameter", "body.input", "An embeddings body needs `input`.")
+            elif item["url"] == "/v1/chat/completions" and not isinstance(item["body"].get("messages"), list):
+                problem = ("missing_required_parameter", "body.messages", "A chat body needs `messages`.")
             if problem is not None:
                 errors.append({"code": problem[0], "line": number, "param": problem[1], "message": problem[2]})
                 continue
@@ -291,6 +304,15 @@ class Standin(StandinState):
             return {"kind": "error", "status": 500, "body": {"error": {
                 "message": "The server had an error while processing your request.", "type": "server_error",
                 "param": None, "code": None}}}
+        if "input" in body:  # /v1/embeddings: one text per line
+            import openai.types
+
+            response = openai.types.CreateEmbeddingResponse.model_validate({
+                "object": "list", "model": body["model"],
+                "data": [{"object": "embedding", "index": 0,
+                          "embedding": embedding(prompt, body.get("dimensions") or EMBED_DIM)}],
+                "usage": {"prompt_tokens": len(prompt) // 4 + 1, "total_tokens": len(prompt) // 4 + 1}})
+            return {"kind": "ok", "status": 200, "body": response.model_dump(mode="json")}
         fmt = body.get("response_format") or {}
         schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else \
             fmt.get("schema") if fmt.get("type") == "json_object" else None
@@ -410,7 +432,7 @@ class Standin(StandinState):
             usage = [r["outcome"]["body"]["usage"] for r in requests
                      if r["done_at"] <= cutoff and r["outcome"]["kind"] == "ok"]
             b["usage"] = {"input_tokens": sum(u["prompt_tokens"] for u in usage),
-                          "output_tokens": sum(u["completion_tokens"] for u in usage)}
+                          "output_tokens": sum(u.get("completion_tokens", 0) for u in usage)}  # 0: embeddings
             self.save()
         out.update(b["files"])
         u = b["usage"]
@@ -565,6 +587,20 @@ def make_app(s: Standin) -> web.Application:
         s.save()
         return web.json_response(o["body"], status=o["status"])
 
+    async def embeddings(request: web.Request) -> web.Response:
+        """The online embeddings endpoint (a row sent online after its batch expired): one vector per input."""
+        body = await request.json()
+        texts = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
+        outcomes = [s.outcome({"body": {**body, "input": str(t).replace("[[slow]]", "")}}, "online") for t in texts]
+        s.save()
+        failed = next((o for o in outcomes if o["kind"] == "error"), None)
+        if failed is not None:
+            return web.json_response(failed["body"], status=failed["status"])
+        data = [{**o["body"]["data"][0], "index": i} for i, o in enumerate(outcomes)]
+        tokens = sum(o["body"]["usage"]["prompt_tokens"] for o in outcomes)
+        return web.json_response({**outcomes[0]["body"], "data": data,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
     async def faults(request: web.Request) -> web.Response:
         s.state["faults"].update(await request.json())
         s.save()
@@ -585,7 +621,7 @@ def make_app(s: Standin) -> web.Application:
         web.delete("/v1/files/{file_id}", delete_file),
         web.post("/v1/batches", create_batch), web.get("/v1/batches", list_batches),
         web.get("/v1/batches/{batch_id}", get_batch), web.post("/v1/batches/{batch_id}/cancel", cancel_batch),
-        web.post("/v1/chat/completions", chat),
+        web.post("/v1/chat/completions", chat), web.post("/v1/embeddings", embeddings),
         web.post("/_standin/advance", advance), web.post("/_standin/faults", faults),
         web.get("/_standin/stats", stats),
     ])
