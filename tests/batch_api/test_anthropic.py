@@ -67,19 +67,19 @@ def test_online_rows_are_answered_with_overload_and_rate_limits_retried(tmp_path
 
     log = anthropic_standin.stats()["message_log"]
     tries = {marker: [e for e in log if marker in e["prompt"]] for marker in ("[[529-once]]", "[[429-once]]")}
-    assert [e["status"] for e in tries["[[529-once]]"]] == [529, 200]  # overloaded: transient, asked again
+    assert [e["status"] for e in tries["[[529-once]]"]] == [529, 200], log  # overloaded: transient, asked again
     limited = tries["[[429-once]]"]
-    assert [e["status"] for e in limited] == [429, 200]
-    assert limited[1]["at"] - limited[0]["at"] >= 2.0  # the retry waited for the server's retry-after: 2
-    assert all(e["status"] != 400 or "[[400]]" in e["prompt"] for e in log)  # nothing else refused (system, schema)
-    assert sum(1 for e in log if "[[400]]" in e["prompt"]) == 1  # a refusal is not retried
+    assert [e["status"] for e in limited] == [429, 200], log
+    assert limited[1]["at"] - limited[0]["at"] >= 2.0, limited  # the retry waited for the server's retry-after: 2
+    assert all(e["status"] != 400 or "[[400]]" in e["prompt"] for e in log), log  # nothing else refused
+    assert sum(1 for e in log if "[[400]]" in e["prompt"]) == 1, log  # a refusal is not retried
 
     md = inferred_metadata(instance, "claude")
     assert md["tokens_in"] > 0
     assert md["cost_usd"] == pytest.approx((md["tokens_in"] * PRICE_IN + md["tokens_out"] * PRICE_OUT) / 1e6,
                                            abs=1e-6)
     everything = str(md) + caplog.text + "".join(capfd.readouterr())
-    assert API_KEY not in everything
+    assert API_KEY not in everything, "the API key appeared in metadata, a log line or the output"
 
 
 def test_a_rejected_key_fails_the_step_at_once_naming_the_fix(tmp_path: Path, anthropic_standin, monkeypatch):
