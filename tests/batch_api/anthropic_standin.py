@@ -27,6 +27,7 @@ Control: POST /_standin/advance, GET /_standin/stats, POST /_standin/faults {"lo
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -77,10 +78,39 @@ def check_params(params: Any) -> str | None:
     for i, message in enumerate(params["messages"]):
         if message.get("role") not in ("user", "assistant"):
             return f"messages.{i}.role: Input should be 'user' or 'assistant' (a system prompt is the top-level system)"
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            problem = _block_problem(block)
+            if problem:
+                return f"messages.{i}.content.{j}.{problem}"
     fmt = (params.get("output_config") or {}).get("format")
     if fmt is not None and (fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict)):
         return "output_config.format: expected {type: json_schema, schema: {...}}"
     return None
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _block_problem(block: Any) -> str | None:
+    """Why Anthropic would refuse one content block (text and images: what this product sends), or None."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text":
+        return None if isinstance(block.get("text"), str) and set(block) <= {"type", "text", "cache_control"} \
+            else "text: expected {type: text, text: str}"
+    if kind == "image":
+        source = block.get("source") or {}
+        if source.get("type") == "base64":
+            if source.get("media_type") not in IMAGE_TYPES:
+                return f"source.media_type: Input should be one of {', '.join(IMAGE_TYPES)}"
+            try:
+                base64.b64decode(source.get("data", ""), validate=True)
+            except ValueError:
+                return "source.data: invalid base64"
+            return None
+        return None if source.get("type") == "url" and isinstance(source.get("url"), str) else \
+            "source: expected {type: base64, media_type, data} or {type: url, url}"
+    return f"type: Input tag {kind!r} found using 'type' does not match any of the expected tags"
 
 
 class AnthropicStandin(StandinState):

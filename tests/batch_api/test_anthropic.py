@@ -196,3 +196,32 @@ def test_a_lost_create_answer_that_cannot_be_told_apart_stops_the_partition(tmp_
     assert "partition 'a'" in message and other.id in message and ours in message, message
     assert "submission-" in message and "batch_id" in message  # which ledger file, and what to write into it
     assert stats["batches_created"] == 2  # the other one and ours: nothing was submitted again
+
+
+def test_images_and_the_system_prompt_go_in_anthropic_s_form(anthropic_standin):
+    """An OpenAI-form image part (what prepare.image_columns builds) is sent as an Anthropic base64 image block, the
+    system message as the top-level system; the stand-in refuses the OpenAI form, as Anthropic does."""
+    import io
+
+    from PIL import Image
+
+    from batch_assets.resources.anthropic_api.provider import AnthropicProvider
+    from batch_assets.resources.multimodal import image_content_part
+    from batch_assets.resources.protocols import GenerationParams
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), "red").save(buf, "PNG")
+    image = image_content_part(buf.getvalue())
+    row = [{"role": "system", "content": "Answer with one colour."},
+           {"role": "user", "content": [{"type": "text", "text": "Which colour? red"}, image]}]
+    provider = AnthropicProvider(model="claude-standin", base_url=anthropic_standin.root, api_key=API_KEY,
+                                 max_attempts=1).load_for_tests()
+    try:
+        [answer] = provider.generate([row], GenerationParams(max_new_tokens=8, choices=tuple(COLOURS)))
+        assert (answer.text, answer.error) == ("red", None), answer
+        # the same row sent as it is (OpenAI's image_url part): refused, so the test above would see a mapping fault
+        client = anthropic_client(anthropic_standin)
+        with pytest.raises(Exception, match="does not match any of the expected tags"):
+            client.messages.create(model="claude-standin", max_tokens=8, messages=[row[1]])
+    finally:
+        provider.close()
