@@ -113,9 +113,12 @@ class ModelResource(dg.ConfigurableResource):
         infer step waits for them without holding the endpoint's pool: batch_assets/orchestration/pools.py)."""
         return False
 
-    def batch_session(self, params: Any) -> Any:
-        """The provider's batch API for one partition's generate call (resources/openai_api/batch.py's shape), or
-        None when rows are sent online. Asked by the infer loop (batch_assets/stages/infer_batch.py)."""
+    # The task methods (`generate`, `embed`) whose rows this provider can send through its batch API.
+    batch_methods: ClassVar[frozenset[str]] = frozenset()
+
+    def batch_session(self, params: Any, method: str = "generate") -> Any:
+        """The provider's batch API for one partition's calls of `method` (resources/openai_api/batch.py's shape),
+        or None when rows are sent online. Asked by the infer loop (batch_assets/stages/infer_batch.py)."""
         return None
 
     def cancel_batches(self) -> list[str]:

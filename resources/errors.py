@@ -39,3 +39,14 @@ class ProviderSetupError(RuntimeError):
 #   row        -> a row error at once (bad output or a request the endpoint refused for this row only)
 #   setup      -> ProviderSetupError: the step fails, nothing is published
 ERROR_CLASSES = ("transient", "row", "setup")
+
+
+class BatchNotIdentified(RuntimeError):
+    """A batch submission whose create answer was lost cannot be told apart from other batches of the account (a
+    provider whose batches carry no token: Anthropic's). Submitting again could pay for the rows twice, so the
+    partition stops; the batch machinery names the partition and its ledger entry (batch_assets/stages/
+    infer_batch.py). `candidates`: the batch ids that could be it."""
+
+    def __init__(self, what: str, candidates: list[str]):
+        self.candidates = candidates
+        super().__init__(what)

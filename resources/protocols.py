@@ -107,10 +107,11 @@ class BatchOutcome:
     online path's transient class) or not (a 4xx refusal: a row error); `unfinished`: it never ran (the batch
     expired or was cancelled first)."""
 
-    answer: Generation | None
+    answer: Any = None  # a Generation (generate) or a float32 vector (embed)
     error: str | None = None
     retryable: bool = False
     unfinished: bool = False
+    prompt_tokens: int | None = None  # usage of an answer that carries none itself (an embedding)
 
 
 @runtime_checkable

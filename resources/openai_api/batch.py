@@ -3,7 +3,8 @@
 The machinery that owns a partition's batches (batch_assets/stages/infer_batch.py: which rows go in which file,
 the durable ledger, waiting, re-attaching, retries) is the same for every provider family; this module is what is
 OpenAI's: the JSONL line of one row (the very body the online path sends to /chat/completions, structured-output
-schema included), upload, submit with `completion_window: 24h`, find a submission again by the token it carries,
+schema included; for task embed, an /v1/embeddings body with the row's one text, whose vector is read back into the
+answer journal as the online path's are), upload, submit with `completion_window: 24h`, find a submission again by the token it carries,
 status, cancel, and the results read back from `output_file_id` and `error_file_id` by `custom_id`.
 
 Every call goes through the SDK (the same client, key and base_url as the online path). Control-plane calls are
@@ -15,25 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from batch_assets.resources.openai_api.limits import estimate_chat_tokens
+import numpy as np
+
+from batch_assets.resources.openai_api.limits import estimate_chat_tokens, estimate_text_tokens
 from batch_assets.resources.openai_api.payloads import RequestPlan, chat_generation
 from batch_assets.resources.openai_api.retry import MalformedResponse, RETRYABLE_STATUS, SETUP_STATUS, \
-    backoff_delay, classify_failure, redact
+    UnusableResponse, control_call, redact
 from batch_assets.resources.errors import ProviderSetupError
 from batch_assets.resources.protocols import BatchOutcome, BatchState
 
 ENDPOINT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
 TOKEN_KEY = "batch_assets_token"  # the metadata key a submission carries: how a lost create is found again
 PENDING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 ENDED = frozenset({"completed", "expired", "cancelled", "failed"})
 # Error codes of a failed batch that say "not now" rather than "this file is wrong": the rows go into a later batch.
 RETRY_LATER_CODES = frozenset({"token_limit_exceeded", "rate_limit_exceeded"})
-CONTROL_ATTEMPTS = 5
 
 
 @dataclass
@@ -43,7 +45,7 @@ class OpenAIBatches:
     client: Any  # openai.AsyncOpenAI
     run: Callable[[Any], Any]  # runs a coroutine on the provider's loop (BackgroundLoop.run)
     model: str
-    plan: RequestPlan
+    plan: RequestPlan | None  # the chat request of every row (task generate); None for embeddings
     secret: str | None
     timeout_s: float
     max_requests: int
@@ -52,22 +54,36 @@ class OpenAIBatches:
     max_enqueued_tokens: int | None = None  # the model's queue of enqueued tokens, as the provider limits it
     stopped: Callable[[], bool] = lambda: False  # the run is stopping: the wait ends at its next poll
     family: str = "openai"
+    uploads_input: bool = True  # the requests go up as a file first (/v1/files), then the batch names it
+    # task embed: the /v1/embeddings body besides `input` (model, encoding_format, dimensions); None: chat
+    embed_body: dict[str, Any] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return ENDPOINT if self.embed_body is None else EMBEDDINGS
 
     # -- building the input file ---------------------------------------------------------------------------------
     def request_line(self, custom_id: str, conversation: list[dict[str, Any]]) -> bytes:
         """One JSONL line: the documented {custom_id, method, url, body}; body = what the online path POSTs."""
-        body = {"model": self.model, "messages": conversation, **self.plan.body}
-        return json.dumps({"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": body},
+        if self.embed_body is not None:  # `conversation` is the row's text
+            body = {**self.embed_body, "input": conversation}
+        else:
+            body = {"model": self.model, "messages": conversation, **self.plan.body}
+        return json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body},
                           ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
     def estimate_tokens(self, conversation: list[dict[str, Any]]) -> int:
         """What the row counts against the enqueued-token limit: the online path's token estimate (prompt
         characters / 4 plus the whole completion budget), which does not undercount."""
+        if self.embed_body is not None:
+            return estimate_text_tokens([conversation])
         return estimate_chat_tokens(conversation, self.plan.max_tokens)
 
     def request_digest(self) -> str:
         """What, besides the row's input, decides its answer (model and every request field): part of custom_id,
         so a batch of another setup is never read as this one's."""
+        if self.embed_body is not None:
+            return json.dumps({"url": EMBEDDINGS, **self.embed_body}, sort_keys=True)
         return json.dumps({"model": self.model, **self.plan.body}, sort_keys=True, default=str)
 
     # -- submitting ------------------------------------------------------------------------------------------------
@@ -94,15 +110,17 @@ class OpenAIBatches:
 
         return self._control(find)
 
-    def create(self, file_id: str, token: str) -> str:
-        """Submit; raises on failure, never retries (the caller looks the token up first: a lost answer)."""
+    def create(self, sub: Any, data: bytes) -> str:
+        """Submit the submission's uploaded file (`data` is already in it); raises on failure, never retries (the
+        caller looks the token up first: a lost answer)."""
         batch = self.run(self._timed(self.client.batches.create(
-            input_file_id=file_id, endpoint=ENDPOINT, completion_window="24h", metadata={TOKEN_KEY: token})))
+            input_file_id=sub.file_id, endpoint=self.endpoint, completion_window="24h", metadata={TOKEN_KEY: sub.token})))
         self.active.add(batch.id)
         return batch.id
 
-    def find_batch(self, token: str, since: float) -> str | None:
-        """The batch submitted with `token` (created at or after `since`, epoch seconds), or None."""
+    def find_batch(self, sub: Any, claimed: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+        """The batch submitted with the submission's token (created at or after its intent), or None."""
+        token, since = sub.token, sub.created
 
         async def find() -> str | None:
             async for batch in self.client.batches.list(limit=100):
@@ -180,9 +198,13 @@ class OpenAIBatches:
         body = (response or {}).get("body")
         if status == 200:
             try:
+                if self.embed_body is not None:
+                    return self._vector(body)
                 return BatchOutcome(chat_generation(body, self.plan.decode))
             except MalformedResponse as exc:
                 return BatchOutcome(None, f"malformed response: {exc}", retryable=True)
+            except UnusableResponse as exc:
+                return BatchOutcome(None, f"unusable response: {exc}")
         message = ((body or {}).get("error") or {}).get("message") if isinstance(body, dict) else None
         text = f"HTTP {status}: {redact(str(message or body), self.secret)}"
         if status == 401 or status in SETUP_STATUS:
@@ -191,23 +213,27 @@ class OpenAIBatches:
         retryable = isinstance(status, int) and (status in RETRYABLE_STATUS or status >= 500)
         return BatchOutcome(None, text, retryable=retryable)
 
+    def _vector(self, body: Any) -> BatchOutcome:
+        """One row's embedding from an embeddings response body (one input per line: one vector)."""
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+            raise MalformedResponse("expected an embeddings response with one vector")
+        try:
+            vector = np.asarray(data[0].get("embedding"), dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise UnusableResponse(f"the embedding is not a list of numbers ({exc})") from None
+        dimensions = self.embed_body.get("dimensions") if self.embed_body else None
+        if vector.ndim != 1 or not vector.size or (dimensions is not None and vector.shape[0] != dimensions):
+            raise UnusableResponse(f"expected one flat vector{f' of {dimensions} numbers' if dimensions else ''}, "
+                                   f"got shape {vector.shape}")
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        tokens = usage.get("prompt_tokens")
+        return BatchOutcome(vector, prompt_tokens=tokens if isinstance(tokens, int) else None)
+
     # -- plumbing --------------------------------------------------------------------------------------------------
     async def _timed(self, coro: Any) -> Any:
         async with asyncio.timeout(self.timeout_s):
             return await coro
 
     def _control(self, call: Callable[[], Any]) -> Any:
-        """A read or an idempotent call, retried on transient failures (a restarting endpoint included)."""
-        for attempt in range(1, CONTROL_ATTEMPTS + 1):
-            try:
-                return self.run(self._timed(call()))
-            except Exception as exc:
-                failure = classify_failure(exc, secret=self.secret, timeout_s=self.timeout_s)
-                if failure is None or not failure.retryable or attempt == CONTROL_ATTEMPTS:
-                    if failure is not None and failure.setup_fix is not None and \
-                            getattr(exc, "status_code", None) != 404:  # a 404 is the caller's to explain
-                        raise ProviderSetupError(failure.message, failure.setup_fix) from None
-                    raise
-                time.sleep(max(backoff_delay(attempt, 1.0, 30.0), failure.retry_after_s or 0))
-        raise AssertionError("unreachable")
-
+        return control_call(self.run, call, secret=self.secret, timeout_s=self.timeout_s)

@@ -15,17 +15,15 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import dagster as dg
 import numpy as np
 from pydantic import Field, PrivateAttr
 
-from batch_assets.resources.base import ModelResource
+from batch_assets.resources.hosted import HostedApiProvider
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.openai_api.batch import OpenAIBatches
 from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
@@ -39,14 +37,13 @@ from batch_assets.resources.openai_api.payloads import (
     plan_request,
     responses_generation,
 )
-from batch_assets.resources.openai_api.retry import Failure, MalformedResponse, RetryPolicy, UnusableResponse, call_with_retries
+from batch_assets.resources.openai_api.retry import Failure, MalformedResponse, UnusableResponse, call_with_retries
 from batch_assets.resources.openai_api.transport import ChatTransport
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
 from batch_assets.resources.schema_support import LLAMA_CPP, OPENAI, VLLM, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
 from batch_assets.resources.tokens import generation_limit, load_tokenizer
 
-log = logging.getLogger(__name__)
 
 # Local servers (llama.cpp, vLLM started without --api-key) ignore the key, but the SDK insists on one.
 PLACEHOLDER_KEY = "not-needed"
@@ -157,11 +154,12 @@ def _settle(on_answer: OnAnswer | None, start: int, waits: DurableWaits) -> Call
     return settle
 
 
-class OpenAICompatibleProvider(ModelResource):
+class OpenAICompatibleProvider(HostedApiProvider):
     """Generation (chat or Responses API) and embeddings against an OpenAI-compatible endpoint."""
 
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"openai"})
     answers_each_row: ClassVar[bool] = True  # billed per request: every answer is journaled as it arrives
+    batch_methods: ClassVar[frozenset[str]] = frozenset({"generate", "embed"})
     accepts_file_parts: ClassVar[bool] = True  # OpenAI reads PDFs sent as file parts (a server may refuse them)
     default_endpoint: ClassVar[str | None] = "api.openai.com"  # the SDK's default when base_url is not set
     unparseable_hint: ClassVar[str] = (
@@ -259,7 +257,8 @@ class OpenAICompatibleProvider(ModelResource):
         description="Send the rows through the provider's Batch API (/v1/files + /v1/batches, half the online price "
         "at OpenAI) instead of one request each: answers come within 24 h; the partition's batch ids are kept in "
         "the storage root, so a rerun, a crash or a retry re-attaches and never submits twice (docs/"
-        "providers-openai.md#batch-mode). Chat API and task 'generate' only.",
+        "providers-openai.md#batch-mode). Task 'generate' (Chat API only: /v1/chat/completions lines) and task "
+        "'embed' (/v1/embeddings lines, one text each).",
     )
     batch_poll_interval_s: float = Field(
         default=60.0, gt=0, description="Batch mode: seconds between two status checks of a partition's batches.")
@@ -292,7 +291,6 @@ class OpenAICompatibleProvider(ModelResource):
         "not say it).",
     )
 
-    _log: Any = PrivateAttr(default=None)
     _tokenizer: Any = PrivateAttr(default=None)
 
     def input_tokenizer(self) -> Any:
@@ -305,22 +303,6 @@ class OpenAICompatibleProvider(ModelResource):
     def max_input_tokens(self, params: GenerationParams | None, system: str | None = None) -> int | None:
         tokenizer = self.input_tokenizer()
         return None if tokenizer is None else generation_limit(tokenizer, self.context_length, params, system)
-
-    def chunks_in_flight(self, chunk_rows: int) -> int:
-        """How many chunk calls the infer loop may have running at once. Each call queues its rows on the shared
-        request gate, so with twice `max_concurrency` rows queued the window of requests in flight stays full
-        across chunk boundaries (no drain at the end of a chunk), while memory stays bounded to those chunks."""
-        return max(2, -(-2 * self.max_concurrency // max(1, chunk_rows)) + 1)
-
-    def partition_window_rows(self, chunk_rows: int) -> int:
-        """Rows the infer stage may have queued across the partitions of a run (batch_assets/orchestration/
-        overlap.py): the next partition starts while the unfinished ones hold fewer, so the window stays full at
-        partition boundaries and with partitions smaller than `max_concurrency`; the gate still bounds requests.
-        Batch mode: no bound, so the partitions of one run are submitted and waited for side by side (overlap.py
-        caps them at 16), in one process instead of one each."""
-        if self.batch_api:
-            return 2**62
-        return self.chunks_in_flight(chunk_rows) * chunk_rows
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def load(self) -> _Loaded:
@@ -355,56 +337,29 @@ class OpenAICompatibleProvider(ModelResource):
             raise
         return _Loaded(client, runner, transport, gate, secret=None if key == PLACEHOLDER_KEY else key)
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        super().setup_for_execution(context)
-        self._log = context.log
+    def _loaded_state(self) -> _Loaded | None:
+        return self._model if isinstance(self._model, _Loaded) else None
 
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        self.close()
-        super().teardown_after_execution(context)
+    async def _close_clients(self, loaded: _Loaded) -> None:
+        await loaded.transport.close()
+        await loaded.client.close()
 
-    def close(self) -> None:
-        """Close the HTTP client and stop the provider's event loop (Dagster teardown calls it; so can tests)."""
-        loaded, self._model = self._model, None
-        if isinstance(loaded, _Loaded):
-            try:
-                loaded.runner.run(loaded.transport.close())
-                loaded.runner.run(loaded.client.close())
-            finally:
-                loaded.runner.close()
-
-    @property
-    def stopped_at(self) -> float | None:
-        """When this process stopped sending (wall clock), or None: the run records it (batch_assets/stopping.py)."""
-        loaded = self._model
-        return loaded.gate.stopped_at if isinstance(loaded, _Loaded) else None
-
-    def stop(self, grace_s: float) -> None:
-        """No new request from now on; requests in flight get `grace_s` to answer (their answers reach
-        `on_answer`, so the infer loop keeps them), then every call still running is cancelled."""
-        loaded = self._model
-        if not isinstance(loaded, _Loaded):
-            return
-        if loaded.gate.stopping:  # stopped already (the loop, then the step): end what is left at once
-            loaded.runner.cancel_calls()
-            return
-        loaded.gate.stop_sending()
-        deadline = time.monotonic() + max(0.0, grace_s)
-        while loaded.gate.in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        abandoned = loaded.gate.in_flight
-        loaded.runner.cancel_calls()
-        self._info("stopping: no new requests; %d in flight abandoned after a %.1fs grace", abandoned, grace_s)
+    async def _cancel_batch(self, loaded: _Loaded, batch_id: str) -> None:
+        await loaded.client.batches.cancel(batch_id)
 
     # -- batch mode (resources/openai_api/batch.py; the machinery: batch_assets/stages/infer_batch.py) ---------------
-    @classmethod
-    def waits_on_batches(cls, config: dict[str, Any]) -> bool:
-        return config.get("batch_api") is True
-
-    def batch_session(self, params: GenerationParams) -> OpenAIBatches | None:
+    def batch_session(self, params: GenerationParams | None, method: str = "generate") -> OpenAIBatches | None:
         if not self.batch_api:
             return None
         loaded = self.loaded
+        if method == "embed":  # /v1/embeddings lines: one text each, the online request's fields
+            body: dict[str, Any] = {"model": self._embedding_model(), "encoding_format": "float"}
+            if self.dimensions is not None:
+                body["dimensions"] = self.dimensions
+            return OpenAIBatches(loaded.client, loaded.runner.run, self.model, None, loaded.secret, self.timeout_s,
+                                 self.batch_max_requests, self.batch_max_bytes, loaded.batches,
+                                 max_enqueued_tokens=self.batch_max_enqueued_tokens,
+                                 stopped=lambda: loaded.gate.stopping, embed_body=body)
         plan = plan_request(
             params,
             api=self.api,
@@ -419,22 +374,6 @@ class OpenAICompatibleProvider(ModelResource):
                              self.batch_max_requests, self.batch_max_bytes, loaded.batches,
                              max_enqueued_tokens=self.batch_max_enqueued_tokens,
                              stopped=lambda: loaded.gate.stopping)
-
-    def cancel_batches(self) -> list[str]:
-        loaded = self._model
-        if not isinstance(loaded, _Loaded) or not loaded.batches:
-            return []
-        cancelled = []
-        for batch_id in sorted(loaded.batches):
-            try:
-                loaded.runner.run(loaded.client.batches.cancel(batch_id))
-                cancelled.append(batch_id)
-            except Exception as exc:  # ended meanwhile, or unreachable: said, and the stop goes on
-                self._info("could not cancel batch %s: %s", batch_id, exc, level=logging.WARNING)
-        loaded.batches.clear()
-        if cancelled:
-            self._info("stopping: cancelled batch(es) %s", ", ".join(cancelled))
-        return cancelled
 
     def _default_key_allowed(self) -> bool:
         """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""
@@ -556,11 +495,6 @@ class OpenAICompatibleProvider(ModelResource):
         return np.concatenate(outcomes, axis=0)
 
     # -- internals -------------------------------------------------------------------------------------------------
-    def _policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            self.max_attempts, self.timeout_s, self.backoff_base_s, self.backoff_max_s, self.max_retry_after_s
-        )
-
     def _schema_mode(self, loaded: _Loaded, params: GenerationParams) -> JsonSchemaMode:
         """json_schema_mode for this call; 'auto' asks the endpoint which server it is, once per process, and only
         when a call sends a JSON schema."""
@@ -653,12 +587,6 @@ class OpenAICompatibleProvider(ModelResource):
             on_retry=stats.note_retry,
             settle=settle,
         )
-
-    def _info(self, msg: str, *args: Any, level: int = logging.INFO) -> None:
-        if self._log is not None:
-            self._log.log(level, msg % args)
-        else:
-            log.log(level, msg, *args)
 
 
 def _embedding_rows(response: Any, expected: int, dimensions: int | None) -> np.ndarray:

@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from batch_assets.resources.errors import GAVE_UP, ProviderSetupError
 from batch_assets.resources.openai_api.limits import RequestGate
@@ -130,16 +130,48 @@ def classify_failure(exc: BaseException, *, secret: str | None, timeout_s: float
             return Failure(message, False, setup_fix=SETUP_STATUS[status])
         retry_after = retry_after_seconds(exc.response.headers) if retryable else None
         return Failure(message, retryable, retry_after, rate_limited=status == 429)
-    if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
+    return transport_failure(exc, openai, secret=secret, timeout_s=timeout_s)
+
+
+def transport_failure(exc: BaseException, sdk: Any, *, secret: str | None, timeout_s: float) -> Failure | None:
+    """The failures that are not an HTTP status, read alike for OpenAI's and Anthropic's SDKs (`sdk`: the module;
+    both name their timeout, connection and validation errors the same)."""
+    if isinstance(exc, (sdk.APITimeoutError, TimeoutError)):
         return Failure(f"request timed out after {timeout_s:g}s", retryable=True)
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc
         return Failure(f"connection error: {redact(str(cause) or type(cause).__name__, secret)}", retryable=True)
-    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, openai.APIResponseValidationError)):
+    if isinstance(exc, (MalformedResponse, json.JSONDecodeError, sdk.APIResponseValidationError)):
         return Failure(f"malformed response: {redact(str(exc), secret)}", retryable=True)
     if isinstance(exc, UnusableResponse):
         return Failure(f"unusable response: {redact(str(exc), secret)}", retryable=False)
     return None
+
+
+CONTROL_ATTEMPTS = 5
+
+
+def control_call(run: Callable[[Any], Any], call: Callable[[], Awaitable[Any]], *, secret: str | None,
+                 timeout_s: float, classify: Callable[..., Failure | None] = classify_failure) -> Any:
+    """A batch API read or idempotent call (status, list, results, cancel), run on the provider's loop
+    (`run`: BackgroundLoop.run) within `timeout_s`, retried on transient failures (a restarting endpoint, 529
+    overloaded); a setup failure (rejected key, no permission) raises ProviderSetupError, except a 404, which is
+    re-raised as it came for the caller to explain (an unknown batch id)."""
+    async def timed() -> Any:
+        async with asyncio.timeout(timeout_s):
+            return await call()
+
+    for attempt in range(1, CONTROL_ATTEMPTS + 1):
+        try:
+            return run(timed())
+        except Exception as exc:
+            failure = classify(exc, secret=secret, timeout_s=timeout_s)
+            if failure is None or not failure.retryable or attempt == CONTROL_ATTEMPTS:
+                if failure is not None and failure.setup_fix is not None and getattr(exc, "status_code", None) != 404:
+                    raise ProviderSetupError(failure.message, failure.setup_fix) from None
+                raise
+            time.sleep(max(backoff_delay(attempt, 1.0, 30.0), failure.retry_after_s or 0))
+    raise AssertionError("unreachable")
 
 
 async def call_with_retries(
@@ -151,11 +183,14 @@ async def call_with_retries(
     secret: str | None,
     on_retry: Callable[[Failure], None] | None = None,
     settle: Callable[[T], Awaitable[None]] | None = None,
+    classify: Callable[..., Failure | None] = classify_failure,
 ) -> T | Failure:
     """Run `send` until it succeeds, fails for good, or runs out of attempts; returns its value or the last Failure.
 
     Each attempt waits for a slot in `gate` (concurrency cap, rate limits, server-requested pause) and then gets
-    `policy.timeout_s` for the whole request, body included. `settle(value)` runs on success while the slot is still
+    `policy.timeout_s` for the whole request, body included. `classify(exc, secret=, timeout_s=)` reads one
+    provider family's errors (this module's for OpenAI's SDK; resources/anthropic_api/retry.py for Anthropic's).
+    `settle(value)` runs on success while the slot is still
     held (the answer journal: the slot is freed once the answer is durable, so requests sent plus answers not yet
     durable never exceed the gate's concurrency).
     """
@@ -168,7 +203,7 @@ async def call_with_retries(
                     await settle(value)
                 return value
         except Exception as exc:
-            failure = classify_failure(exc, secret=secret, timeout_s=policy.timeout_s)
+            failure = classify(exc, secret=secret, timeout_s=policy.timeout_s)
             if failure is None:
                 raise
         if failure.setup_fix is not None:

@@ -23,8 +23,8 @@ API_KEY = "sk-standin-test-key-0123456789"
 
 
 class StandinProcess:
-    def __init__(self, state: Path, log: Path, *args: str):
-        self.state, self.log, self.args = state, log, args
+    def __init__(self, state: Path, log: Path, *args: str, module: str = "tests.batch_api.standin"):
+        self.state, self.log, self.args, self.module = state, log, args, module
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -32,10 +32,15 @@ class StandinProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def root(self) -> str:
+        """The root without /v1: Anthropic's SDK takes its base_url so (it adds /v1/messages itself)."""
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> StandinProcess:
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.batch_api.standin", "--port", str(self.port), "--state", str(self.state),
+                [sys.executable, "-m", self.module, "--port", str(self.port), "--state", str(self.state),
                  "--api-key", API_KEY, *self.args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -81,16 +86,59 @@ class StandinProcess:
         return self.stats()["calls"].get(route, 0)
 
 
-@pytest.fixture
-def standin(tmp_path: Path) -> Iterator[StandinProcess]:
-    proc = StandinProcess(tmp_path / "standin-state", tmp_path / "standin.log").start()
+def _running(proc: StandinProcess) -> Iterator[StandinProcess]:
+    proc.start()
     try:
         yield proc
     finally:
         proc.stop()
 
 
+@pytest.fixture
+def standin(tmp_path: Path) -> Iterator[StandinProcess]:
+    yield from _running(StandinProcess(tmp_path / "standin-state", tmp_path / "standin.log"))
+
+
+@pytest.fixture(autouse=True)
+def standin_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-ins' key, for specs that read it as {env: STANDIN_KEY} at run time."""
+    monkeypatch.setenv("STANDIN_KEY", API_KEY)
+
+
+def rows(texts: dict[str, str]) -> list[dict]:
+    return [{"doc_id": k, "text": v} for k, v in texts.items()]
+
+
+def inferred_metadata(instance: Any, name: str) -> dict:
+    import dagster as dg
+
+    event = instance.get_latest_materialization_event(dg.AssetKey([name, "inferred"]))
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def step_error(result: Any) -> str:
+    """The message of a run's first step failure (its cause's, where the step wrapped it)."""
+    import dagster as dg
+
+    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+    error = failure.step_failure_data.error
+    return error.cause.message if error.cause else error.message
+
+
 def sdk_client(standin: StandinProcess):
     import openai
 
     return openai.OpenAI(api_key=API_KEY, base_url=standin.url, max_retries=0)
+
+
+@pytest.fixture
+def anthropic_standin(tmp_path: Path) -> Iterator[StandinProcess]:
+    """Anthropic's Messages API and Message Batches (anthropic_standin.py), its own process."""
+    yield from _running(StandinProcess(tmp_path / "anthropic-state", tmp_path / "anthropic-standin.log",
+                                       module="tests.batch_api.anthropic_standin"))
+
+
+def anthropic_client(standin: StandinProcess):
+    import anthropic
+
+    return anthropic.Anthropic(api_key=API_KEY, base_url=standin.root, max_retries=0)

@@ -58,6 +58,7 @@ MAX_BYTES = 200 * 1000 * 1000
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations")
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 NEVER = float("inf")
+EMBED_DIM = 8
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -111,7 +112,15 @@ def _tokens(body: dict[str, Any]) -> int:
     return len(_prompt(body)) // 4 + int(budget)
 
 
+def embedding(text: str, dimensions: int = EMBED_DIM) -> list[float]:
+    """The stand-in's embedding of a text: deterministic, so a batch's vector can be compared with the online one."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dimensions)]
+
+
 def _prompt(body: dict[str, Any]) -> str:
+    if isinstance(body.get("input"), str):  # an embeddings request
+        return body["input"]
     texts = []
     for message in body.get("messages") or []:
         content = message.get("content")
@@ -122,26 +131,22 @@ def _prompt(body: dict[str, Any]) -> str:
     return "\n".join(texts)
 
 
-class Standin:
-    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int,
-                 enqueued_token_limit: int | None = None):
+class StandinState:
+    """What both stand-ins (this one and anthropic_standin.py) keep: state on disk (a restart keeps it) and a clock
+    the test moves. `fresh`: the provider-specific part of a new state."""
+
+    def __init__(self, state_dir: Path, fresh: dict[str, Any]):
         self.dir = state_dir
-        self.files_dir = state_dir / "files"
-        self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.api_key, self.max_requests, self.max_bytes = api_key, max_requests, max_bytes
-        self.enqueued_token_limit = enqueued_token_limit
+        self.dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / "state.json"
         if path.exists():
             self.state = json.loads(path.read_text())
             self.state["stats"]["restarts"] += 1
         else:
-            self.state = {"base": int(time.time()), "offset": 0.0, "speed": 0.0, "speed_since": 0.0, "files": {},
-                          "batches": {}, "seen": {},
-                          "faults": {"lose_create_response": 0},
-                          "stats": {"batches_created": 0, "files_uploaded": 0, "restarts": 0, "calls": {}}}
+            self.state = {"base": int(time.time()), "offset": 0.0, "speed": 0.0, "speed_since": 0.0, "seen": {},
+                          "faults": {"lose_create_response": 0}, **fresh}
         self.save()
 
-    # -- persistence and time ----------------------------------------------------------------------------------------
     def save(self) -> None:
         tmp = self.dir / f"state.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(self.state))
@@ -158,6 +163,32 @@ class Standin:
         self.state["offset"] = self.now() - self.state["base"]
         self.state["speed"], self.state["speed_since"] = speed, time.time()
         self.save()
+
+    def advance(self, body: dict[str, Any]) -> float:
+        """POST /_standin/advance {"seconds": s} and/or {"speed": r}."""
+        self.state["offset"] += float(body.get("seconds", 0))
+        if "speed" in body:
+            self.set_speed(float(body["speed"]))
+        self.save()
+        return self.now()
+
+    def seen_first(self, prompt: str) -> bool:
+        """Whether this is the first time the stand-in sees `prompt` (the [[...-once]] markers)."""
+        key = hashlib.sha256(prompt.encode()).hexdigest()
+        first = key not in self.state["seen"]
+        self.state["seen"][key] = self.state["seen"].get(key, 0) + 1
+        return first
+
+
+class Standin(StandinState):
+    def __init__(self, state_dir: Path, api_key: str | None, max_requests: int, max_bytes: int,
+                 enqueued_token_limit: int | None = None):
+        self.files_dir = state_dir / "files"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.api_key, self.max_requests, self.max_bytes = api_key, max_requests, max_bytes
+        self.enqueued_token_limit = enqueued_token_limit
+        super().__init__(state_dir, {"files": {}, "batches": {}, "stats": {
+            "batches_created": 0, "files_uploaded": 0, "restarts": 0, "calls": {}}})
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}{uuid.uuid4().hex[:24]}"
@@ -218,6 +249,10 @@ class Standin:
                            f"{batch['endpoint']!r}.")
             elif not isinstance(item["body"], dict) or not isinstance(item["body"].get("model"), str):
                 problem = ("missing_required_parameter", "body.model", "The body must name a model.")
+            elif item["url"] == "/v1/embeddings" and not isinstance(item["body"].get("input"), (str, list)):
+                problem = ("missing_required_parameter", "body.input", "An embeddings body needs `input`.")
+            elif item["url"] == "/v1/chat/completions" and not isinstance(item["body"].get("messages"), list):
+                problem = ("missing_required_parameter", "body.messages", "A chat body needs `messages`.")
             if problem is not None:
                 errors.append({"code": problem[0], "line": number, "param": problem[1], "message": problem[2]})
                 continue
@@ -264,13 +299,20 @@ class Standin:
             return {"kind": "error", "status": 400, "body": {"error": {
                 "message": "The request was refused ([[400]] in the prompt).", "type": "invalid_request_error",
                 "param": "messages", "code": None}}}
-        key = hashlib.sha256(prompt.encode()).hexdigest()
-        first = key not in self.state["seen"]
-        self.state["seen"][key] = self.state["seen"].get(key, 0) + 1
+        first = self.seen_first(prompt)
         if "[[500]]" in prompt or ("[[500-once]]" in prompt and first):
             return {"kind": "error", "status": 500, "body": {"error": {
                 "message": "The server had an error while processing your request.", "type": "server_error",
                 "param": None, "code": None}}}
+        if "input" in body:  # /v1/embeddings: one text per line
+            import openai.types
+
+            response = openai.types.CreateEmbeddingResponse.model_validate({
+                "object": "list", "model": body["model"],
+                "data": [{"object": "embedding", "index": 0,
+                          "embedding": embedding(prompt, body.get("dimensions") or EMBED_DIM)}],
+                "usage": {"prompt_tokens": len(prompt) // 4 + 1, "total_tokens": len(prompt) // 4 + 1}})
+            return {"kind": "ok", "status": 200, "body": response.model_dump(mode="json")}
         fmt = body.get("response_format") or {}
         schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else \
             fmt.get("schema") if fmt.get("type") == "json_object" else None
@@ -390,7 +432,7 @@ class Standin:
             usage = [r["outcome"]["body"]["usage"] for r in requests
                      if r["done_at"] <= cutoff and r["outcome"]["kind"] == "ok"]
             b["usage"] = {"input_tokens": sum(u["prompt_tokens"] for u in usage),
-                          "output_tokens": sum(u["completion_tokens"] for u in usage)}
+                          "output_tokens": sum(u.get("completion_tokens", 0) for u in usage)}  # 0: embeddings
             self.save()
         out.update(b["files"])
         u = b["usage"]
@@ -534,12 +576,7 @@ def make_app(s: Standin) -> web.Application:
         return web.json_response(s.view(batch_id))
 
     async def advance(request: web.Request) -> web.Response:
-        body = await request.json()
-        s.state["offset"] += float(body.get("seconds", 0))
-        if "speed" in body:
-            s.set_speed(float(body["speed"]))
-        s.save()
-        return web.json_response({"now": s.now()})
+        return web.json_response({"now": s.advance(await request.json())})
 
     async def chat(request: web.Request) -> web.Response:
         """The online endpoint beside the batch one (OpenAI serves both): the same answers, at once."""
@@ -549,6 +586,20 @@ def make_app(s: Standin) -> web.Application:
             "online")
         s.save()
         return web.json_response(o["body"], status=o["status"])
+
+    async def embeddings(request: web.Request) -> web.Response:
+        """The online embeddings endpoint (a row sent online after its batch expired): one vector per input."""
+        body = await request.json()
+        texts = body["input"] if isinstance(body.get("input"), list) else [body.get("input")]
+        outcomes = [s.outcome({"body": {**body, "input": str(t).replace("[[slow]]", "")}}, "online") for t in texts]
+        s.save()
+        failed = next((o for o in outcomes if o["kind"] == "error"), None)
+        if failed is not None:
+            return web.json_response(failed["body"], status=failed["status"])
+        data = [{**o["body"]["data"][0], "index": i} for i, o in enumerate(outcomes)]
+        tokens = sum(o["body"]["usage"]["prompt_tokens"] for o in outcomes)
+        return web.json_response({**outcomes[0]["body"], "data": data,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def faults(request: web.Request) -> web.Response:
         s.state["faults"].update(await request.json())
@@ -570,20 +621,26 @@ def make_app(s: Standin) -> web.Application:
         web.delete("/v1/files/{file_id}", delete_file),
         web.post("/v1/batches", create_batch), web.get("/v1/batches", list_batches),
         web.get("/v1/batches/{batch_id}", get_batch), web.post("/v1/batches/{batch_id}/cancel", cancel_batch),
-        web.post("/v1/chat/completions", chat),
+        web.post("/v1/chat/completions", chat), web.post("/v1/embeddings", embeddings),
         web.post("/_standin/advance", advance), web.post("/_standin/faults", faults),
         web.get("/_standin/stats", stats),
     ])
     return app
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, max_requests: int, max_bytes: int) -> argparse.ArgumentParser:
+    """The command line both stand-ins take (anthropic_standin.py adds nothing; this one its token limit)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS)
-    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES)
+    parser.add_argument("--max-requests", type=int, default=max_requests)
+    parser.add_argument("--max-bytes", type=int, default=max_bytes)
+    return parser
+
+
+def main() -> None:
+    parser = arguments(__doc__, MAX_REQUESTS, MAX_BYTES)
     parser.add_argument("--enqueued-token-limit", type=int, default=None,
                         help="per model: a batch whose tokens would take its model's queue of validated, unended "
                         "batches past this fails validation with token_limit_exceeded")

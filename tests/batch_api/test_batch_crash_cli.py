@@ -33,7 +33,10 @@ ROWS = 12
 pytestmark = pytest.mark.slow
 
 
-def _setup(tmp_path: Path, standin: StandinProcess, name: str, shipped: bool = False) -> tuple[dict, dict, Path]:
+def _setup(tmp_path: Path, standin: StandinProcess, name: str, shipped: bool = False,
+           model: dict | None = None) -> tuple[dict, dict, Path]:
+    """A pipeline of ROWS rows in batch mode (`model`: the spec's model section; OpenAI's stand-in by default), its
+    Dagster home and a user's environment; returns (spec, env, the partition's ledger folder)."""
     data, pipelines, store = tmp_path / "data", tmp_path / "pipelines", tmp_path / "store"
     write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(ROWS)])
     raw = {
@@ -42,7 +45,7 @@ def _setup(tmp_path: Path, standin: StandinProcess, name: str, shipped: bool = F
         "partitioning": {"kind": "static", "keys": ["a"]},
         "prepare": {"id_column": "doc_id", "template": "Say {text}"},
         "task": {"kind": "generate", "params": {"max_new_tokens": 8}},
-        "model": {"provider": "openai", "config": {
+        "model": model or {"provider": "openai", "config": {
             "model": "gpt-standin", "base_url": standin.url, "api_key": {"env": "STANDIN_KEY"}, "batch_api": True,
             "batch_poll_interval_s": 0.2}},
         "runtime": {"chunk_rows": 4},
@@ -77,6 +80,19 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300) -> str:
 
 def _submissions(ledger: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(ledger.glob("submission-*.json"))] if ledger.exists() else []
+
+
+def _wait_observed(name: str, home: str, log: Path) -> list[dict]:
+    """The infer asset's observations (the batch's progress in the UI), once one shows a batch in progress."""
+    key = dg.AssetKey([name, "inferred"])
+
+    def observed() -> list[dict]:
+        with dg.DagsterInstance.from_config(home) as instance:
+            records = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=key), limit=20).records
+            return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
+
+    return wait_for("the batch's progress in the UI", lambda: [o for o in observed() if "in_progress" in
+                                                               str(o.get("status"))], log, 240, 0.2)
 
 
 def _output_ids(raw: dict, store: Path) -> list[str]:
@@ -138,15 +154,7 @@ def test_ctrl_c_cancels_the_batch_and_the_wait_showed_progress_without_a_pool_sl
     proc = _launch(name, env, log)
     wait_for("the batch to be submitted", lambda: standin.stats()["batches_created"] == 1, log, 240, 0.1)
     standin.advance(VALIDATE_S + 4.5 * PER_REQUEST_S)  # 4 of 12 requests done
-    key = dg.AssetKey([name, "inferred"])
-
-    def observed() -> list[dict]:
-        with dg.DagsterInstance.from_config(home) as instance:
-            records = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=key), limit=20).records
-            return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
-
-    seen = wait_for("the batch's progress in the UI", lambda: [o for o in observed() if "in_progress" in
-                                                               str(o.get("status"))], log, 240, 0.2)
+    seen = _wait_observed(name, home, log)
     assert seen[0]["requests_completed"] == 4 and seen[0]["requests_total"] == ROWS, seen
     with dg.DagsterInstance.from_config(home) as instance:
         pool = "endpoint:" + standin.url.split("//")[1].split("/")[0]

@@ -15,7 +15,7 @@ from batch_assets.reliability.batches import ledger_url
 from batch_assets.reliability.checkpoint import staging_url
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage, filesystem_for
-from tests.batch_api.conftest import API_KEY, StandinProcess
+from tests.batch_api.conftest import StandinProcess, inferred_metadata, rows
 from tests.conftest import read_output, run_pipeline, write_jsonl
 
 COLOURS = ["red", "green", "blue"]
@@ -37,20 +37,6 @@ def make_spec(data: Path, standin: StandinProcess, name: str = "batched", **conf
                   "pricing": {"input_per_million_tokens": PRICE_IN, "output_per_million_tokens": PRICE_OUT}},
         "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5},
     }
-
-
-def rows(texts: dict[str, str]) -> list[dict]:
-    return [{"doc_id": k, "text": v} for k, v in texts.items()]
-
-
-@pytest.fixture(autouse=True)
-def key(monkeypatch):
-    monkeypatch.setenv("STANDIN_KEY", API_KEY)
-
-
-def inferred_metadata(instance: dg.DagsterInstance, name: str) -> dict:
-    event = instance.get_latest_materialization_event(dg.AssetKey([name, "inferred"]))
-    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
 def test_every_row_once_through_batches_at_the_batch_price(tmp_path: Path, standin: StandinProcess):
@@ -228,15 +214,6 @@ def test_settings_the_batch_path_cannot_serve_are_refused_before_anything_is_sen
 
     with pytest.raises(ModelLoadError, match="batch_api=true needs api='chat'"):
         OpenAICompatibleProvider(model="m", base_url=standin.url, api="responses", batch_api=True).load_for_tests()
-    write_jsonl(tmp_path / "data" / "a.jsonl", rows({"d0": "red"}))
-    raw = make_spec(tmp_path / "data", standin)
-    raw["task"] = {"kind": "embed"}
-    raw["prepare"] = {"id_column": "doc_id", "text_column": "text"}
-    result = run_pipeline(parse_spec(raw), tmp_path / "store", ["a"], raise_on_error=False)
-    failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
-    error = failure.step_failure_data.error
-    assert "batch_api applies to task 'generate', not 'embed'" in (error.cause.message if error.cause else
-                                                                   error.message)
     stats = standin.stats()
     assert stats["batches_created"] == 0 and stats["files_uploaded"] == 0
     assert not any(route.startswith("POST") for route in stats["calls"])

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API (online) and Message Batches, as the `anthropic` provider (provider.py)."""
