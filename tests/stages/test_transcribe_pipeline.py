@@ -192,3 +192,62 @@ def test_transcribe_needs_exactly_one_audio_column(tmp_path: Path) -> None:
 
 def soxi_seconds(path: Path) -> float:
     return float(subprocess.run(["soxi", "-D", str(path)], check=True, capture_output=True, text=True).stdout)
+
+
+def _hour_with_sentences(folder: Path, at_s: list[float]) -> Path:
+    """An hour of 16 kHz FLAC: silence, with one corpus sentence starting at each of `at_s` seconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces, now = [], 0.0
+    for i, start in enumerate(at_s):
+        gap = folder / f"gap-{i}.wav"
+        subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(gap), "trim", "0",
+                        f"{start - now:.3f}"], check=True, capture_output=True)
+        spoken = folder / f"spoken-{i}.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(spoken), SENTENCES[i]], check=True,
+                       capture_output=True)
+        resampled = folder / f"spoken16-{i}.wav"
+        subprocess.run(["sox", str(spoken), "-r", "16000", "-c", "1", "-b", "16", str(resampled)], check=True,
+                       capture_output=True)
+        pieces += [gap, resampled]
+        now = start + soxi_seconds(resampled)
+    tail = folder / "tail.wav"
+    subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(tail), "trim", "0", f"{3600 - now:.3f}"],
+                   check=True, capture_output=True)
+    hour = folder / "hour.flac"
+    subprocess.run(["sox", *map(str, pieces), str(tail), str(hour)], check=True, capture_output=True)
+    for piece in folder.glob("*.wav"):
+        piece.unlink()
+    return hour
+
+
+@pytest.mark.slow
+def test_an_hour_long_recording_is_streamed_through_the_pipeline(speech, tmp_path: Path) -> None:
+    """An hour-long recording (silence, three sentences at known times) through the whole pipeline, from a files
+    source: its duration is the hour, each sentence comes back with its own start time, and the run never holds the
+    hour's samples (230 MB as float32): Python-traced memory stays under 100 MB for the run."""
+    import tracemalloc
+
+    at_s = [605.0, 1812.5, 3550.0]  # a sentence near each end and in the middle, none on a 30 s boundary
+    hour = _hour_with_sentences(tmp_path / "recordings" / "all", at_s)
+    raw = {**SPEC, "source": {"format": "files", "path": f"{hour.parent.parent}/{{partition}}/*.flac"},
+           "partitioning": {"kind": "static", "keys": ["all"]}, "prepare": {"input_columns": ["file_path"]}}
+    spec = parse_spec(raw)
+    tracemalloc.start()
+    try:
+        result = run_pipeline(spec, tmp_path / "root", ["all"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.success
+    [row] = read_output(spec, tmp_path / "root", "all").to_pylist()
+    assert row["error"] is None, row["error"]
+    assert abs(row["duration_s"] - 3600) < 0.1
+    segments = row["segments"]
+    print(f"an hour through the pipeline: {len(segments)} segments, traced peak {peak / 2**20:.0f} MB: "
+          + "; ".join(f"{s['start']:.1f}-{s['end']:.1f} {s['text']}" for s in segments))
+    assert len(segments) == len(at_s), segments  # silence gives no words
+    for segment, start, sentence in zip(segments, at_s, SENTENCES):
+        assert abs(segment["start"] - start) < 1.0, (segment, start)  # VAD pads speech by 0.4 s
+        assert segment["end"] > segment["start"] + 1.5
+        assert word_error_rate([sentence], [segment["text"]]) <= 0.3, segment["text"]
+    assert peak < 100 * 2**20, f"{peak / 2**20:.0f} MB traced while transcribing an hour"
