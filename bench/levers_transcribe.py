@@ -39,11 +39,11 @@ def main() -> None:
     truth = [c.text for c in clips]
     providers = {}
 
-    def ours(batch: int, vad: bool = True, threads: int = 0):
-        key = (batch, vad, threads)
+    def ours(batch: int, vad: bool = True, threads: int = 0, pack: bool = False):
+        key = (batch, vad, threads, pack)
         if key not in providers:
-            providers[key] = FasterWhisperTranscriber(batch_size=batch, vad_filter=vad,
-                                                      cpu_threads=threads).load_for_tests()
+            providers[key] = FasterWhisperTranscriber(batch_size=batch, vad_filter=vad, cpu_threads=threads,
+                                                      pack_clips=pack).load_for_tests()
         provider = providers[key]
         return lambda: [r.text for r in provider.transcribe([AudioFile(str(p), partial(open, p, "rb"))
                                                              for p in paths])]
@@ -63,21 +63,26 @@ def main() -> None:
         return out
 
     variants = {"raw": lambda: raw(), "b1": lambda: ours(1)(), "b8": lambda: ours(8)(), "b16": lambda: ours(16)(),
-                "b8-novad": lambda: ours(8, vad=False)(), "b8-4threads": lambda: ours(8, threads=4)()}
+                "b8-novad": lambda: ours(8, vad=False)(), "b8-4threads": lambda: ours(8, threads=4)(),
+                "b1-pack": lambda: ours(1, pack=True)(), "b8-pack": lambda: ours(8, pack=True)()}
     chosen = [v for v in args.variants.split(",") if v]
     times: dict[str, list[float]] = {v: [] for v in chosen}
+    # CPU seconds of the whole process (all threads): steadier than wall time on a shared machine
+    cpu: dict[str, list[float]] = {v: [] for v in chosen}
     wers: dict[str, float] = {}
     for name in chosen:  # warm-up: model loads, VAD model load, first-call allocations
         variants[name]()
     for r in range(args.repeats):
         order = chosen[r % len(chosen):] + chosen[: r % len(chosen)]
         for name in order:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             texts = variants[name]()
             times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
             wers[name] = word_error_rate(truth, texts)
     result = {"files": len(paths), "load_avg": os.getloadavg(), "variants": {
         name: {"median_s": round(statistics.median(t), 2), "all_s": [round(x, 2) for x in t],
+               "cpu_s": round(statistics.median(cpu[name]), 2),
                "files_per_s": round(len(paths) / statistics.median(t), 2), "wer": round(wers[name], 4)}
         for name, t in times.items()}}
     print(json.dumps(result, indent=1))

@@ -66,8 +66,8 @@ def api_spec(name: str, data: Path, keys: list[str], in_flight: int) -> dict[str
         "max_concurrency": in_flight}})
 
 
-def transcribe_spec(name: str, data: Path, keys: list[str], device: str = "cpu", batch_size: int = 8,
-                    chunk_rows: int = 64) -> dict[str, Any]:
+def transcribe_spec(name: str, data: Path, keys: list[str], device: str = "cpu", chunk_rows: int = 64,
+                    **config: Any) -> dict[str, Any]:
     """Audio files named in a JSONL table's `file_path` column (bench/run.py bench_transcribe), through the
     faster_whisper provider with the raw script's model and settings (tiny.en, int8 on CPU, beam 5, VAD)."""
     return {
@@ -76,7 +76,7 @@ def transcribe_spec(name: str, data: Path, keys: list[str], device: str = "cpu",
         "partitioning": {"kind": "static", "keys": keys},
         "prepare": {"id_column": "call_id", "input_columns": ["file_path"]},
         "task": {"kind": "transcribe"},
-        "model": {"provider": "faster_whisper", "config": {"device": device, "batch_size": batch_size}},
+        "model": {"provider": "faster_whisper", "config": {"device": device, **config}},
         "runtime": {"chunk_rows": chunk_rows},
         "sink": {"path": str(WORK / "out" / name), "format": "parquet"},
     }

@@ -419,6 +419,7 @@ def bench_start(knobs: Knobs) -> dict[str, Any]:
 RAW_TRANSCRIBE = "raw faster-whisper script"
 DAFT_TRANSCRIBE = "Daft @daft.cls (the post's FasterWhisperTranscriber)"
 RAY_TRANSCRIBE = "Ray Data map_batches"
+OURS_UNPACKED = "ours, pack_clips off (dagster asset materialize)"
 SPEECH_COPIES = {"tiny": 1, "quick": 4, "full": 10}  # renditions of each of the corpus's 24 sentences
 
 
@@ -449,6 +450,9 @@ def bench_transcribe(knobs: Knobs) -> dict[str, Any]:
              str(out / "raw_transcribe.parquet")], log=WORK / "logs" / f"raw-transcribe-{r}.log"),
         OURS: lambda r: ours.materialize(spec, ours.KEYS, label=f"-{r}"),
     }
+    unpacked = ours.transcribe_spec("bench_transcribe_unpacked", table, ours.KEYS, pack_clips=False)
+    if os.environ.get("BENCH_TRANSCRIBE_UNPACKED") == "1":  # the A/B that made packing the default
+        variants[OURS_UNPACKED] = lambda r: ours.materialize(unpacked, ours.KEYS, label=f"-{r}")
     if peers_ready(knobs):
         variants[DAFT_TRANSCRIBE] = lambda r: _peer(
             "daft_transcribe.py", ["--input", pattern, "--output", _fresh(out / "daft_transcribe")],
@@ -460,6 +464,7 @@ def bench_transcribe(knobs: Knobs) -> dict[str, Any]:
     res = describe(runs, ("infer_s", "inferred_s", "load_s", "import_s", "model_loads", *PHASES))
     outputs = {RAW_TRANSCRIBE: (out / "raw_transcribe.parquet", "path", "text"),
                OURS: (out / spec["name"], "call_id", "text"),
+               OURS_UNPACKED: (out / unpacked["name"], "call_id", "text"),
                DAFT_TRANSCRIBE: (out / "daft_transcribe", "path", "result.transcript"),
                RAY_TRANSCRIBE: (out / "ray_transcribe", "path", "text")}
     for name, (where, key, column) in outputs.items():

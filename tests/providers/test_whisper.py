@@ -17,7 +17,16 @@ from batch_assets.resources.errors import ModelLoadError
 from batch_assets.resources.protocols import AudioFile, Transcriber
 from batch_assets.resources.whisper import FasterWhisperTranscriber
 from batch_assets.resources.whisper.audio import SAMPLE_RATE, WINDOW_S, clips, decoded_blocks
-from tests.audio_corpus import long_recording_fixture, speech_corpus_fixture, tools_missing, word_error_rate
+from tests.audio_corpus import (
+    SPOKEN_LANGUAGES,
+    corpus_folder,
+    languages_fixture,
+    long_recording_fixture,
+    multilingual_model,
+    speech_corpus_fixture,
+    tools_missing,
+    word_error_rate,
+)
 
 # Measured: WER 0.0xx on the long recording (24 sentences, ~2.5 min, cut into clips at pauses); see
 # docs/files-as-data.md. A sentence lost at a clip boundary alone costs ~0.04.
@@ -159,10 +168,71 @@ def test_packed_and_unpacked_give_every_file_its_own_words(whisper: FasterWhispe
     folder, corpus = speech_corpus_fixture()
     files = [_file(folder / c.name) for c in corpus]
     packed = FasterWhisperTranscriber(batch_size=4, pack_clips=True).load_for_tests().transcribe(files)
-    unpacked = whisper.transcribe(files)
+    unpacked = whisper.transcribe(files)  # the default
     for results in (packed, unpacked):
         for clip, result in zip(corpus, results):
             own = word_error_rate([clip.text], [result.text])
             assert all(word_error_rate([c.text], [result.text]) > own for c in corpus if c is not clip), result.text
     print(f"WER packed {word_error_rate([c.text for c in corpus], [r.text for r in packed]):.3f}, unpacked "
           f"{word_error_rate([c.text for c in corpus], [r.text for r in unpacked]):.3f}")
+
+
+@pytest.fixture(scope="module")
+def multilingual() -> Path:
+    return multilingual_model(corpus_folder())
+
+
+def test_a_multilingual_model_detects_each_files_language(multilingual: Path) -> None:
+    """Whisper base (multilingual), no language configured: each file's language comes from its own first speech,
+    in one call whose files speak four languages; the English file's words are English."""
+    spoken = languages_fixture()
+    whisper = FasterWhisperTranscriber(model=str(multilingual)).load_for_tests()
+    assert whisper.describe()["language"] == "detected per file"
+    results = whisper.transcribe([_file(path) for path in spoken.values()])
+    assert [r.language for r in results] == list(spoken)
+    assert all(r.error is None and r.text for r in results)
+    english = results[list(spoken).index("en")]
+    assert word_error_rate([SPOKEN_LANGUAGES["en"]], [english.text]) <= 0.2, english.text
+    print({r.language: r.text for r in results})
+
+
+def test_a_configured_language_is_forced_on_every_file(multilingual: Path) -> None:
+    spoken = languages_fixture()
+    whisper = FasterWhisperTranscriber(model=str(multilingual), language="de").load_for_tests()
+    results = whisper.transcribe([_file(spoken["de"]), _file(spoken["en"])])
+    assert [r.language for r in results] == ["de", "de"]
+    with pytest.raises(ModelLoadError, match="knows no such language"):
+        FasterWhisperTranscriber(model=str(multilingual), language="klingon").load_for_tests()
+
+
+_PEAK_SCRIPT = """
+import json, resource, sys
+from functools import partial
+from pathlib import Path
+from batch_assets.resources.protocols import AudioFile
+from batch_assets.resources.whisper import FasterWhisperTranscriber
+folder, names = Path(sys.argv[1]), sys.argv[2:]
+results = FasterWhisperTranscriber().load_for_tests().transcribe(
+    [AudioFile(name, partial(open, folder / name, "rb")) for name in names])
+heavy = [m for m in ("torch", "transformers", "sentence_transformers", "openvino") if m in sys.modules]
+print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heavy": heavy,
+                  "ok": sum(r.error is None for r in results)}))
+"""
+
+
+def test_transcribing_on_cpu_holds_one_window_of_encoder_state_and_imports_no_torch() -> None:
+    """A process transcribing the corpus with the defaults on CPU: no torch or transformers imported (nothing of
+    the other providers), and peak RSS well under what batches of 8 windows take (each window's encoder attention
+    is ~55 MB on top: measured 463 MB at the default against 1,021 MB at batch_size 8)."""
+    import json
+    import sys
+
+    folder, corpus = speech_corpus_fixture()
+    proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(folder), *[c.name for c in corpus]],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"transcribing {len(corpus)} calls: {measured}")
+    assert measured["ok"] == len(corpus)
+    assert measured["heavy"] == []
+    assert measured["peak_mb"] < 700, measured
