@@ -70,7 +70,10 @@ SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 # A dotted name reaches into a subsection (task.structured).
 ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
                                            "prepare": {"documents": {}, "file_columns": []},
-                                           "task": {"structured.allow_extra_keys": False}}
+                                           "task": {"structured.allow_extra_keys": False},
+                                           # batch prices (issue 25): cost metadata only, None = half the online price
+                                           "model": {"pricing.batch_input_per_million_tokens": None,
+                                                     "pricing.batch_output_per_million_tokens": None}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"
 STAGES = ("raw", "prepared", "inferred", "output")

@@ -206,7 +206,7 @@ def test_a_configured_language_is_forced_on_every_file(multilingual: Path) -> No
 
 
 _PEAK_SCRIPT = """
-import json, resource, sys
+import json, sys
 from functools import partial
 from pathlib import Path
 from batch_assets.resources.protocols import AudioFile
@@ -215,7 +215,10 @@ folder, names = Path(sys.argv[1]), sys.argv[2:]
 results = FasterWhisperTranscriber().load_for_tests().transcribe(
     [AudioFile(name, partial(open, folder / name, "rb")) for name in names])
 heavy = [m for m in ("torch", "transformers", "sentence_transformers", "openvino") if m in sys.modules]
-print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heavy": heavy,
+# VmHWM: this process image's own peak. ru_maxrss would not do: Linux carries it across exec, so a child spawned by
+# a pytest worker that had grown to 2.2 GB (models of other tests) reported 2.2 GB whatever it used itself.
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak_mb": hwm / 1024, "heavy": heavy,
                   "ok": sum(r.error is None for r in results)}))
 """
 
