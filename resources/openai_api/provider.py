@@ -360,16 +360,7 @@ class OpenAICompatibleProvider(HostedApiProvider):
                                  self.batch_max_requests, self.batch_max_bytes, loaded.batches,
                                  max_enqueued_tokens=self.batch_max_enqueued_tokens,
                                  stopped=lambda: loaded.gate.stopping, embed_body=body)
-        plan = plan_request(
-            params,
-            api=self.api,
-            backend=self.constraint_backend,
-            json_schema_mode=self._schema_mode(loaded, params),
-            max_tokens_param=self.max_tokens_param,
-            extra_body=self.config_value("extra_body"),
-            store_responses=self.store_responses,
-        )
-        self._warn_unenforced(loaded, params)
+        plan = self._plan(loaded, params)
         return OpenAIBatches(loaded.client, loaded.runner.run, self.model, plan, loaded.secret, self.timeout_s,
                              self.batch_max_requests, self.batch_max_bytes, loaded.batches,
                              max_enqueued_tokens=self.batch_max_enqueued_tokens,
@@ -431,10 +422,9 @@ class OpenAICompatibleProvider(HostedApiProvider):
         return self.loaded.last_stats
 
     # -- capabilities ----------------------------------------------------------------------------------------------
-    def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,
-                 on_answer: OnAnswer | None = None) -> list[Generation]:
-        loaded = self.loaded
-        # Built once for the call, before any request: an unsupported constraint fails the call here.
+    def _plan(self, loaded: _Loaded, params: GenerationParams) -> Any:
+        """The request plan for `params` (online and batch mode alike), with a warning for what the endpoint
+        cannot enforce."""
         plan = plan_request(
             params,
             api=self.api,
@@ -445,6 +435,13 @@ class OpenAICompatibleProvider(HostedApiProvider):
             store_responses=self.store_responses,
         )
         self._warn_unenforced(loaded, params)
+        return plan
+
+    def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,
+                 on_answer: OnAnswer | None = None) -> list[Generation]:
+        loaded = self.loaded
+        # Built once for the call, before any request: an unsupported constraint fails the call here.
+        plan = self._plan(loaded, params)
         if self.api == "responses" and params.seed is not None:
             self._info("the Responses API takes no seed: seed=%s is not sent", params.seed, level=logging.WARNING)
         stats = CallStats(rows=len(conversations))
