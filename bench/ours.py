@@ -66,15 +66,16 @@ def api_spec(name: str, data: Path, keys: list[str], in_flight: int) -> dict[str
         "max_concurrency": in_flight}})
 
 
-def transcribe_spec(name: str, data: Path, keys: list[str], device: str = "cpu", chunk_rows: int = 64,
+def transcribe_spec(name: str, folders: Path, device: str = "cpu", chunk_rows: int = 64,
                     **config: Any) -> dict[str, Any]:
-    """Audio files named in a JSONL table's `file_path` column (bench/run.py bench_transcribe), through the
-    faster_whisper provider with the raw script's model and settings (tiny.en, int8 on CPU, beam 5, VAD)."""
+    """The audio files of a folder per partition (`folders/<key>/*`, bench/run.py bench_transcribe), read by the
+    `format: files` source as a user's bucket of recordings would be, through the faster_whisper provider with the
+    raw script's model and settings (tiny.en, int8 on CPU, beam 5, VAD)."""
     return {
         "name": name,
-        "source": {"format": "jsonl", "path": str(data / "{partition}.jsonl"), "columns": ["call_id", "file_path"]},
-        "partitioning": {"kind": "static", "keys": keys},
-        "prepare": {"id_column": "call_id", "input_columns": ["file_path"]},
+        "source": {"format": "files", "path": str(folders / "{partition}" / "*")},
+        "partitioning": {"kind": "static", "keys": KEYS},
+        "prepare": {"input_columns": ["file_path"]},
         "task": {"kind": "transcribe"},
         "model": {"provider": "faster_whisper", "config": {"device": device, **config}},
         "runtime": {"chunk_rows": chunk_rows},

