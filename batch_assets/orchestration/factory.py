@@ -227,7 +227,7 @@ def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
         return str(describe["device"])
     if provider_class(spec.model.provider).default_endpoint is not None:
         return "remote (HTTP API)"
-    device = getattr(provider, "device", None)
+    device = provider.configured_device()
     if isinstance(device, str):
         try:
             return resolve_device(device)
