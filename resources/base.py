@@ -173,6 +173,12 @@ class ModelResource(dg.ConfigurableResource):
         column's type is then known up front); None: as the model returns them."""
         return None
 
+    @property
+    def unwrapped(self) -> ModelResource:
+        """The provider itself; a wrapper (the response cache's CachedProvider) answers with the provider it wraps:
+        its class and code are what computed the rows."""
+        return self
+
     def user_code_files(self) -> list[str]:
         """Source files of the user's own code this provider runs (a custom model class): part of the checkpoints'
         code version, so editing that code recomputes what the old code committed."""

@@ -77,14 +77,8 @@ def code_version(provider: Any) -> str:
     return f"{version}+{_source_digest(files)}"
 
 
-def _unwrapped(provider: Any) -> Any:
-    """The model provider inside a wrapper (the response cache): its code and class are what computed the rows."""
-    inner = provider.__dict__.get("_inner") if hasattr(provider, "__dict__") else None
-    return inner if inner is not None else provider
-
-
 def fingerprint(spec: PipelineSpec, provider: Any) -> str:
-    provider = _unwrapped(provider)
+    provider = provider.unwrapped  # inside the response cache's wrapper: its class and code computed the rows
     material = {
         "provider": spec.model.provider,
         "provider_class": f"{type(provider).__module__}.{type(provider).__qualname__}",
