@@ -19,7 +19,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from batch_assets.resources.errors import ModelLoadError
-from batch_assets.resources.fields import Role, role
+from batch_assets.resources.fields import Role, chosen_settings, role
 from batch_assets.resources.secrets import env_secret_values, resolve_env_refs, scrub
 
 # How many times each provider class loaded a model in this process. Tests read it; the run log says the same.
@@ -216,9 +216,11 @@ class ModelResource(dg.ConfigurableResource):
         return resolve_env_refs(getattr(self, name), f"model.config.{name}")
 
     def describe(self) -> dict[str, Any]:
-        """Metadata recorded on the infer asset: safe, non-secret settings."""
+        """Metadata recorded on the infer asset: safe, non-secret settings. `settings`: those of the config, away
+        from their defaults, that can change an answer (the fields declared `semantic`, resources/fields.py)."""
         self.wait_for_preload()  # what the load decides (device, replicas) is known only once it is done
-        out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
+        out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name(),
+                               "settings": chosen_settings(self)}
         if getattr(self, "batch_size", None) is not None:  # None: the provider decides at load (its describe says)
             out["batch_size"] = int(self.batch_size)
         return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from enum import Enum
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field
 from pydantic_core import PydanticUndefined
@@ -84,3 +85,41 @@ def answer_settings(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     and the response cache key are made of. Secrets and operational settings are left out; a nested `{env: NAME}`
     stays the variable's name (its value is read only at load)."""
     return {name: value for name, value in values.items() if role(cls, name) is Role.SEMANTIC}
+
+
+def public_url(url: str | None) -> str | None:
+    """A URL as it may appear in metadata: no user:password@, no query string."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _shown(value: Any) -> Any:
+    """A setting as metadata may show it: a mapping by its keys only (its values may carry anything: headers,
+    constructor arguments), a URL without credentials or query."""
+    if isinstance(value, dict):
+        return sorted(str(k) for k in value)
+    if isinstance(value, str) and "://" in value:
+        return public_url(value)
+    if isinstance(value, (list, tuple)):
+        return [_shown(v) for v in value]
+    return value
+
+
+def chosen_settings(provider: Any) -> dict[str, Any]:
+    """The settings a provider was configured with, away from their defaults, that can change an answer: what the
+    infer asset's metadata shows beside the model (`describe()`), so a user sees what produced a partition and why a
+    changed one was recomputed. Never a secret or an operational knob."""
+    cls = type(provider)
+    out = {}
+    for name, info in cls.model_fields.items():
+        value = getattr(provider, name)
+        if role(cls, name) is not Role.SEMANTIC or (not info.is_required() and
+                                                     value == info.get_default(call_default_factory=True)):
+            continue
+        out[name] = _shown(value)
+    return out

@@ -266,6 +266,8 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     for name in ("backend", "backend_reason"):  # what ran a local model (torch, onnx, openvino, ...) and why
         if name in describe:
             md[name] = str(describe[name])
+    if "settings" in describe:  # what the answers were computed with: the provider's fields declared semantic
+        md["model_settings"] = dg.MetadataValue.json(describe["settings"])
     if task_type(spec).counts_tokens:
         md["tokens_in"] = delta.get("prompt_tokens", 0)
         md["tokens_out"] = delta.get("completion_tokens", 0)

@@ -18,12 +18,12 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import numpy as np
 from pydantic import PrivateAttr
 
-from batch_assets.resources.fields import operational, secret, semantic
+from batch_assets.resources.fields import operational, public_url as _public_url, secret, semantic
 from batch_assets.resources.hosted import HostedApiProvider
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.openai_api.batch import OpenAIBatches
@@ -81,17 +81,6 @@ class _Loaded:
     last_stats: CallStats = field(default_factory=CallStats)
     batches: set[str] = field(default_factory=set)  # provider batch ids this process waits on (batch mode)
     waits: DurableWaits = field(default_factory=lambda: DurableWaits())
-
-
-def _public_url(url: str | None) -> str | None:
-    """A base URL as it may appear in metadata: no user:password@, no query string."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:

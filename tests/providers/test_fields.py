@@ -171,3 +171,17 @@ def test_the_role_is_in_the_schema_the_spec_reference_is_made_from() -> None:
     schema = provider_class("openai").model_json_schema()["properties"]
     assert (schema["api_key"]["role"], schema["tokenizer"]["role"], schema["max_concurrency"]["role"]) == (
         "secret", "semantic", "operational")
+
+
+def test_describe_shows_the_chosen_answer_settings_and_nothing_secret() -> None:
+    """The infer asset's `model_settings` (describe()'s `settings`): what the config set, away from the defaults,
+    that can change an answer; a URL without its credentials, a mapping by its keys only (its values may be
+    anything, a header's token included), never a secret or an operational knob."""
+    openai = provider_class("openai")(
+        model="gpt-x", api_key=SECRET_VALUE, base_url="http://user:pw@127.0.0.1:8080/v1?key=abc",
+        extra_body={"headers": {"X-Token": "abc"}}, max_tokens_param="max_completion_tokens", max_concurrency=3)
+    settings = openai.describe()["settings"]
+    assert settings == {"model": "gpt-x", "base_url": "http://127.0.0.1:8080/v1", "extra_body": ["headers"],
+                        "max_tokens_param": "max_completion_tokens"}
+    assert SECRET_VALUE not in json.dumps(openai.describe(), default=str)
+    assert provider_class("sentence_transformers")(batch_size=8).describe()["settings"] == {}
