@@ -19,7 +19,8 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from batch_assets.resources.errors import ModelLoadError
-from batch_assets.resources.secrets import env_secret_values, is_secret_name, resolve_env_refs, scrub
+from batch_assets.resources.fields import Role, chosen_settings, role
+from batch_assets.resources.secrets import env_secret_values, resolve_env_refs, scrub
 
 # How many times each provider class loaded a model in this process. Tests read it; the run log says the same.
 LOAD_COUNTS: Counter[str] = Counter()
@@ -139,6 +140,56 @@ class ModelResource(dg.ConfigurableResource):
         answer for up to `grace_s`, then abandon them. An in-process model's call cannot be cut short: the infer
         loop stops waiting for it instead (its thread is a daemon), which is what this default leaves to it."""
 
+    # -- optional hooks the infer stage asks every provider; the defaults are an in-process model's ---------------
+    def chunks_in_flight(self, chunk_rows: int) -> int:
+        """Chunk calls the infer loop may run at once on this one model (batch_assets/stages/infer_streams.py): 1,
+        one model, one call at a time (the loop still overlaps reading and writing with it)."""
+        return 1
+
+    def partition_window_rows(self, chunk_rows: int) -> int:
+        """Rows the infer stage may have queued across the partitions of one run (batch_assets/orchestration/
+        overlap.py); 0: one partition at a time."""
+        return 0
+
+    def input_tokenizer(self) -> Any:
+        """For `prepare.max_input_tokens`: the tokenizer that counts this model's input tokens (a Hugging Face
+        tokenizer), or None: the provider has none and the spec's limit is refused with the fix."""
+        return None
+
+    def max_input_tokens(self, params: Any, system: str | None = None) -> int | None:
+        """The longest input the model takes, in tokens of the text alone (`prepare.max_input_tokens: model`), or
+        None when unknown."""
+        return None
+
+    @property
+    def backend_used(self) -> str | None:
+        """The runtime that computes the answers when the config leaves the choice to the provider (the embedder's
+        `backend: auto`: torch, onnx, openvino), once loaded: part of the checkpoint fingerprint, so chunks of two
+        runtimes are never mixed. None: one runtime."""
+        return None
+
+    def vector_dimensions(self) -> int | None:
+        """The size of every vector the provider returns, when the config fixes it before any call (the output
+        column's type is then known up front); None: as the model returns them."""
+        return None
+
+    @property
+    def unwrapped(self) -> ModelResource:
+        """The provider itself; a wrapper (the response cache's CachedProvider) answers with the provider it wraps:
+        its class and code are what computed the rows."""
+        return self
+
+    def user_code_files(self) -> list[str]:
+        """Source files of the user's own code this provider runs (a custom model class): part of the checkpoints'
+        code version, so editing that code recomputes what the old code committed."""
+        return []
+
+    def configured_device(self) -> str | None:
+        """The device the config asks for ('auto', 'cpu', 'cuda:1'), for the infer asset's metadata: the `device`
+        field of a provider whose model runs in this process; None for one without (an HTTP API)."""
+        value = getattr(self, "device") if "device" in type(self).model_fields else None
+        return value if isinstance(value, str) else None
+
     # -- to implement ---------------------------------------------------------------------------------------------
     def load(self) -> Any:
         raise NotImplementedError
@@ -148,12 +199,12 @@ class ModelResource(dg.ConfigurableResource):
         return str(getattr(self, "model", type(self).__name__))
 
     def secret_values(self) -> list[str]:
-        """Values that must never appear in an error or a log line: secret-named fields and every variable a
-        nested `{env: NAME}` refers to."""
+        """Values that must never appear in an error or a log line: fields declared `secret` (resources/fields.py)
+        and every variable a nested `{env: NAME}` refers to."""
         values: list[str] = []
         for name in type(self).model_fields:
             value = getattr(self, name, None)
-            if is_secret_name(name) and isinstance(value, str):
+            if role(type(self), name) is Role.SECRET and isinstance(value, str):
                 values.append(value)
             elif isinstance(value, (dict, list)):
                 values += env_secret_values(value)
@@ -165,9 +216,11 @@ class ModelResource(dg.ConfigurableResource):
         return resolve_env_refs(getattr(self, name), f"model.config.{name}")
 
     def describe(self) -> dict[str, Any]:
-        """Metadata recorded on the infer asset: safe, non-secret settings."""
+        """Metadata recorded on the infer asset: safe, non-secret settings. `settings`: those of the config, away
+        from their defaults, that can change an answer (the fields declared `semantic`, resources/fields.py)."""
         self.wait_for_preload()  # what the load decides (device, replicas) is known only once it is done
-        out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name()}
+        out: dict[str, Any] = {"provider": type(self).__name__, "model": self.model_name(),
+                               "settings": chosen_settings(self)}
         if getattr(self, "batch_size", None) is not None:  # None: the provider decides at load (its describe says)
             out["batch_size"] = int(self.batch_size)
         return out

@@ -120,6 +120,11 @@ class HostedApiProvider(ModelResource):
         return cancelled
 
     # -- internals -------------------------------------------------------------------------------------------------
+    def _batch_waits(self) -> dict[str, Any]:
+        """How the batch machinery waits and retries for this provider: what its batch session carries."""
+        return {"poll_s": self.batch_poll_interval_s, "max_attempts": self.max_attempts,
+                "retry_online": self.batch_retry_rows == "online"}
+
     def _policy(self) -> RetryPolicy:
         return RetryPolicy(self.max_attempts, self.timeout_s, self.backoff_base_s, self.backoff_max_s,
                            self.max_retry_after_s)

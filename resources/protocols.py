@@ -172,7 +172,9 @@ class Transcriber(Protocol):
 class InputTokens(Protocol):
     """Optional, for `prepare.max_input_tokens`: the tokenizer that counts this model's input tokens (a Hugging Face
     tokenizer) and the longest input it takes, in tokens of the text alone (None when unknown); `system` is the
-    pipeline's system message, which a chat template adds to every prompt (resources/tokens.py)."""
+    pipeline's system message, which a chat template adds to every prompt (resources/tokens.py). ModelResource
+    declares both, answering None (no tokenizer: the spec's limit is refused with the fix); a provider that can
+    count overrides them."""
 
     def input_tokenizer(self) -> Any: ...
 

@@ -5,7 +5,9 @@ in it as a reference to an environment variable:
 - a top-level field becomes `dg.EnvVar(NAME)`: Dagster reads it at run time and hides its value in the UI;
 - a reference nested inside a dict/list field (`init_kwargs: {token: {env: HF_TOKEN}}`) stays a marker in the config
   Dagster stores, and the provider resolves it when it loads the model (`resolve_env_refs`), inside the run's process.
-- a literal value in a field whose name says it is a secret is refused at spec load (`literal_secrets`).
+- a literal value in a field whose name says it is a secret is refused at spec load (`literal_secrets`). Nested keys
+  have only their name to go by; a provider's own fields declare `secret()` (resources/fields.py), and
+  tests/providers/test_fields.py holds the declaration and these names in agreement.
 """
 
 from __future__ import annotations

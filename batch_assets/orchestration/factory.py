@@ -227,7 +227,7 @@ def _device(spec: PipelineSpec, provider: Any, describe: dict[str, Any]) -> str:
         return str(describe["device"])
     if provider_class(spec.model.provider).default_endpoint is not None:
         return "remote (HTTP API)"
-    device = getattr(provider, "device", None)
+    device = provider.configured_device()
     if isinstance(device, str):
         try:
             return resolve_device(device)
@@ -266,6 +266,8 @@ def infer_partition_metadata(spec: PipelineSpec, describe: dict[str, Any], devic
     for name in ("backend", "backend_reason"):  # what ran a local model (torch, onnx, openvino, ...) and why
         if name in describe:
             md[name] = str(describe[name])
+    if "settings" in describe:  # what the answers were computed with: the provider's fields declared semantic
+        md["model_settings"] = dg.MetadataValue.json(describe["settings"])
     if task_type(spec).counts_tokens:
         md["tokens_in"] = delta.get("prompt_tokens", 0)
         md["tokens_out"] = delta.get("completion_tokens", 0)

@@ -27,8 +27,7 @@ MAX_PARTITIONS_AT_ONCE = 16
 
 def partition_window_rows(provider: Any, chunk_rows: int) -> int:
     """Rows the provider wants queued across the partitions of a run (0: one partition at a time)."""
-    decide = getattr(provider, "partition_window_rows", None)
-    return max(0, int(decide(chunk_rows))) if callable(decide) else 0
+    return max(0, int(provider.partition_window_rows(chunk_rows)))
 
 
 def run_overlapped(keys: Sequence[str], work: Callable[[str], Any], rows_of: Callable[[str], int], window_rows: int,

@@ -78,7 +78,7 @@ def stop_means_stop(context: dg.AssetExecutionContext, spec: PipelineSpec, provi
             raise  # a platform stopping this step's pod alone (a drain, a spot eviction): retried like a lost node
         if provider is not None:  # batch mode: the user's stop cancels the partition's provider batches too
             provider.cancel_batches()
-        _mark_stopped(context, type(exc).__name__, getattr(provider, "stopped_at", None))
+        _mark_stopped(context, type(exc).__name__, provider.stopped_at if provider is not None else None)
         context.log.warning(f"{spec.name}: the run was stopped ({type(exc).__name__}); no model call was started "
                             "after the stop, answers received so far are kept for the next run, and the run is not "
                             "retried")

@@ -5,9 +5,10 @@ classify_images). For each chunk it looks every row up by key, sends only the mi
 successful results, and returns results in input order -- the infer loop does not know the cache exists.
 
 Key: sha256 of (cache format version, model fingerprint, method, call parameters, the row's prepared input). The
-model fingerprint is the provider class plus its settings, without secrets (fields named like keys/tokens/passwords
-are dropped; nested `{env: NAME}` references are names, never values) and without knobs that cannot change an
-answer (batch size, concurrency, rate limits, retries, timeouts). Row errors are never cached.
+model fingerprint is the provider class, the runtime it resolved to (`backend_used`) and the settings its class
+declares `semantic` (resources/fields.py: the checkpoint fingerprint reads the same declaration): no secrets, no
+knobs that cannot change an answer (batch size, concurrency, rate limits, retries, timeouts, batch mode); nested
+`{env: NAME}` references are names, never values. Row errors are never cached.
 
 Store: one small object per entry, `<storage root>/_cache/v1/<key[:2]>/<key>.json`, on local disk or S3. We chose
 content-addressed objects over a library (diskcache, sqlite, lmdb: local files only, no S3; one writer lock) and over
@@ -35,16 +36,10 @@ from typing import Any
 import numpy as np
 
 from batch_assets.storage import filesystem_for, is_remote, join
+from batch_assets.resources.fields import answer_settings
 from batch_assets.resources.protocols import Classification, Generation
-from batch_assets.resources.secrets import is_secret_name
 
 CACHE_VERSION = "v1"
-# Settings that change throughput or resilience, never an answer: left out of the fingerprint.
-NON_SEMANTIC = {
-    "batch_size", "max_concurrency", "requests_per_minute", "tokens_per_minute", "max_attempts", "timeout_s",
-    "backoff_base_s", "backoff_max_s", "max_retry_after_s", "embedding_batch_size", "store_responses",
-    "send_default_api_key",
-}
 CACHED_METHODS = ("generate", "embed", "classify", "embed_images", "classify_images")
 
 
@@ -67,12 +62,12 @@ def plain(value: Any) -> Any:
 
 def model_fingerprint(provider: Any) -> dict[str, Any]:
     """What identifies the model and every setting that can change its answers; no secret values."""
-    fields = getattr(type(provider), "model_fields", {})
-    settings = {
-        name: getattr(provider, name) for name in fields
-        if name not in NON_SEMANTIC and not is_secret_name(name)
-    }
-    return {"provider": f"{type(provider).__module__}.{type(provider).__qualname__}", "settings": plain(settings)}
+    cls = type(provider)
+    settings = answer_settings(cls, {name: getattr(provider, name) for name in cls.model_fields})
+    out = {"provider": f"{cls.__module__}.{cls.__qualname__}", "settings": plain(settings)}
+    if provider.backend_used is not None:  # the runtime `backend: auto` or `precision: fast` chose (after load)
+        out["backend"] = provider.backend_used
+    return out
 
 
 class ResponseCache:
@@ -162,8 +157,7 @@ class CachedProvider:
         """The wrapped provider's per-partition choice (resources/base.py), made part of the cache key: a vector
         computed in one precision is never served to a partition running in the other."""
         chosen = self._inner.choose_for_partition(inputs)
-        if "backend" in chosen:
-            self._fingerprint = {**model_fingerprint(self._inner), "backend": chosen["backend"]}
+        self._fingerprint = model_fingerprint(self._inner)  # `backend_used` now says the partition's runtime
         return chosen
 
     def __getattr__(self, name: str) -> Any:  # describe(), predict(), loaded, ... of the wrapped provider

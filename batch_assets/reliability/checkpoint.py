@@ -9,9 +9,12 @@ A chunk file holds `row_id`, the task's output columns and `error` for `runtime.
 written atomically, then the manifest (rewritten atomically) records it with a digest of its row ids and of the
 model inputs it was computed from. A rerun of the partition (step retry, run retry, re-materialization after a
 crash or SIGKILL) reuses a chunk only when the fingerprint matches and the prepared rows it claims to cover have the
-same ids and inputs; anything else is recomputed, never mixed. The fingerprint covers the provider and its config
-(secrets masked), the task, the preparation (template, system prompt, columns), the generation params, the chunk
-size and the code version (this package's version and the source of the provider and the loop). Other fingerprints'
+same ids and inputs; anything else is recomputed, never mixed. The fingerprint covers the provider and the settings
+of its config that can change an answer (the fields it declares `semantic`, resources/fields.py: the response
+cache's key is made of the same ones, so the two never disagree; secrets and operational settings such as batch
+size, concurrency or retries are left out, so changing those keeps the committed chunks), the task, the preparation
+(template, system prompt, columns), the generation params, the chunk size and the code version (this package's
+version and the source of the provider, the loop and the user code the provider runs). Other fingerprints'
 folders are removed when a run starts (invalidated); the whole partition folder is removed after the write stage
 published the partition.
 """
@@ -34,29 +37,18 @@ import pyarrow.parquet as pq
 from batch_assets import tasks
 from batch_assets.spec import PipelineSpec
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
+from batch_assets.resources.fields import answer_settings
+from batch_assets.resources.registry import provider_class
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 # The loop and the task kinds' code: what turns a chunk of prepared rows into its committed outputs.
 _LOOP_SOURCES = sorted(str(p) for p in Path(tasks.__file__).parent.glob("*.py"))
-SECRET_WORDS = ("key", "token", "secret", "password", "credential", "auth")
 
 
 def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> str:
     return join(storage.resolved_root(), pipeline, "_staging", stage, urllib.parse.quote(partition, safe="-_.="))
-
-
-def _mask_secrets(value: Any, key: str = "") -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"env"}:
-            return {"env": value["env"]}  # the variable's name, never its value
-        return {k: _mask_secrets(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mask_secrets(v, key) for v in value]
-    if any(word in key.lower() for word in SECRET_WORDS) and isinstance(value, str):
-        return "<secret>"
-    return value
 
 
 def _source_digest(paths: Iterable[str | None]) -> str:
@@ -76,38 +68,25 @@ def code_version(provider: Any) -> str:
         version = metadata.version("batch-assets")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    files = [__file__, *_LOOP_SOURCES]
+    files = [__file__, *_LOOP_SOURCES, *provider.user_code_files()]
     for cls in type(provider).__mro__[:2]:
         try:
             files.append(inspect.getsourcefile(cls))
         except TypeError:
             pass
-    class_path = getattr(provider, "class_path", None)
-    if isinstance(class_path, str) and ":" in class_path:
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(class_path.partition(":")[0])
-            files.append(found.origin if found else None)
-        except (ImportError, ValueError):
-            pass
     return f"{version}+{_source_digest(files)}"
 
 
-def _unwrapped(provider: Any) -> Any:
-    """The model provider inside a wrapper (the response cache): its code and class are what computed the rows."""
-    inner = provider.__dict__.get("_inner") if hasattr(provider, "__dict__") else None
-    return inner if inner is not None else provider
-
-
 def fingerprint(spec: PipelineSpec, provider: Any) -> str:
-    provider = _unwrapped(provider)
+    provider = provider.unwrapped  # inside the response cache's wrapper: its class and code computed the rows
     material = {
         "provider": spec.model.provider,
         "provider_class": f"{type(provider).__module__}.{type(provider).__qualname__}",
-        "model_config": _mask_secrets(spec.model.config),
+        # what the spec sets that can change an answer, as the provider class declares its fields: a nested
+        # `{env: NAME}` is the variable's name, never its value
+        "model_config": answer_settings(provider_class(spec.model.provider), spec.model.config),
         # the runtime `backend: auto` resolved to (torch, onnx, openvino): chunks of two runtimes are never mixed
-        "backend": getattr(provider, "backend_used", None),
+        "backend": provider.backend_used,
         "task": spec.task.model_dump(mode="json"),
         "prepare": spec.prepare.model_dump(mode="json"),
         "chunk_rows": spec.runtime.chunk_rows,

@@ -140,9 +140,6 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
 def choose_for_partition(spec: PipelineSpec, provider: Any, src: str, key: str) -> dict[str, Any]:
     """What the provider decides from the partition's own rows before its fingerprint is taken (the embedder's
     `precision: fast`: resources/hf/precision.py); the partition's metadata about it, and a log line."""
-    choose = getattr(provider, "choose_for_partition", None)  # test doubles and user classes may not subclass
-    if choose is None:
-        return {}
     column = task_type(spec).model_input(spec)[0]
 
     def inputs() -> list[Any]:
@@ -151,7 +148,7 @@ def choose_for_partition(spec: PipelineSpec, provider: Any, src: str, key: str) 
             out += batch.filter(pc.invert(batch.column("_input_empty"))).column(column).to_pylist()
         return out
 
-    chosen = choose(inputs)
+    chosen = provider.choose_for_partition(inputs)
     if "precision" in chosen:
         log.info("%s partition %s: precision %s (%s)", spec.name, key, chosen["precision"],
                  chosen.get("precision_reason", "as configured"))
@@ -241,9 +238,7 @@ def is_stop(exc: BaseException) -> bool:
 
 def stop_provider(provider: Any, grace_s: float) -> None:
     """The run is stopping: no new model call; calls in flight get `grace_s`, then are abandoned. Idempotent."""
-    stop = getattr(provider, "stop", None)
-    if callable(stop):
-        stop(grace_s)
+    provider.stop(grace_s)
 
 
 def transient_failures(ids: list[Any], errors: list[str | None]) -> list[str]:
@@ -263,7 +258,7 @@ def _infer_chunks(task: Task, src: str, checkpoint: ChunkCheckpoint, stats: Infe
     inputs = ["row_id", "_input_empty", *task.model_input(spec)]
     workers = calls_in_flight(provider, chunk_rows)
     # a provider billed per request: every answer durable within about a second (reliability/journal.py)
-    journal = AnswerJournal(checkpoint.url).open() if getattr(provider, "answers_each_row", False) else None
+    journal = AnswerJournal(checkpoint.url).open() if provider.answers_each_row else None
     owed: list[str] = []  # rows that ran out of attempts on a transient failure (never published as errors)
     batched = False
     if journal is not None:

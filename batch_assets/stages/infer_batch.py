@@ -75,7 +75,7 @@ def uses_batches(task: Task) -> bool:
     """Whether the partition goes through the provider's batch API (`batch_api` in model.config)."""
     methods = task.provider.batch_methods
     if task.method not in methods:
-        if getattr(task.provider, "batch_api", False) is True:
+        if task.provider.waits_on_batches(task.spec.model.config):
             kinds = " and ".join(f"'{m}'" for m in sorted(methods)) or "no task"
             raise PipelineError(
                 f"model.config batch_api applies to task {kinds} with this provider, not {task.kind!r}: nothing was "
@@ -121,10 +121,7 @@ class _BatchRun:
                  journal: AnswerJournal, stats: Any, key: str):
         self.task, self.session, self.ledger, self.rows = task, session, ledger, rows
         self.waiting, self.journal, self.stats, self.key = waiting, journal, stats, key
-        provider = task.provider
-        self.max_attempts = int(getattr(provider, "max_attempts", 5))
-        self.poll_s = float(getattr(provider, "batch_poll_interval_s", 60.0))
-        self.retry_online = getattr(provider, "batch_retry_rows", "new_batch") == "online"
+        self.max_attempts, self.poll_s, self.retry_online = session.max_attempts, session.poll_s, session.retry_online
         # an embedding has no per-row error slot (as online: EmbeddingError): a row that cannot get its vector
         # stops the partition, naming the row
         self.vectors = task.vectors

@@ -15,8 +15,7 @@ import pyarrow as pa
 def calls_in_flight(provider: Any, chunk_rows: int) -> int:
     """Chunk calls a provider may run at once: 1 for in-process models (one model, one call at a time; the loop
     still overlaps reading and writing with it), more for providers that queue requests on a shared gate."""
-    decide = getattr(provider, "chunks_in_flight", None)
-    return max(1, int(decide(chunk_rows))) if callable(decide) else 1
+    return max(1, int(provider.chunks_in_flight(chunk_rows)))
 
 
 class DaemonCallPool:

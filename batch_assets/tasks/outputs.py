@@ -26,7 +26,7 @@ class Vectors(Task):
         return [self.output_column], [_vectors_column(results, plan.sent, n)]
 
     def _schema(self) -> dict[str, pa.DataType | None]:
-        dim = _declared_dimensions(self.provider)
+        dim = self.provider.vector_dimensions()
         return {self.output_column: pa.list_(pa.float32(), dim) if dim else None}
 
 
@@ -60,14 +60,6 @@ class Labels(Task):
 
     def _schema(self) -> dict[str, pa.DataType | None]:
         return {self.output_column: pa.string(), "score": pa.float64()}
-
-
-def _declared_dimensions(provider: Any) -> int | None:
-    try:
-        dim = getattr(provider, "dimensions", None)
-    except Exception:  # a property that needs the loaded model, used before load: unknown, not an error
-        return None
-    return dim if isinstance(dim, int) and dim > 0 else None
 
 
 def _vectors_column(vectors: Any, sent: np.ndarray, n: int) -> pa.Array:

@@ -88,8 +88,7 @@ class TokenLimit:
         if wanted is None:
             return None
         name = f"{type(provider).__name__} (model {provider.model_name()!r})"
-        get_tokenizer = getattr(provider, "input_tokenizer", None)
-        tokenizer = get_tokenizer() if callable(get_tokenizer) else None
+        tokenizer = provider.input_tokenizer()
         if tokenizer is None:
             raise PipelineError(
                 f"prepare.max_input_tokens is set but {name} has no tokenizer to count input tokens with",

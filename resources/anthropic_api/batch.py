@@ -53,6 +53,11 @@ class AnthropicBatches:
     max_enqueued_tokens: int | None = None  # Anthropic limits requests in processing, not tokens: no throttle
     family: str = "anthropic"
     uploads_input: bool = False  # the requests travel inside the create call
+    # how the batch machinery waits and retries for this provider (its batch_poll_interval_s, max_attempts and
+    # batch_retry_rows: 'online' sends rows a batch did not answer as ordinary requests)
+    poll_s: float = 60.0
+    max_attempts: int = 5
+    retry_online: bool = False
 
     # -- building the requests -------------------------------------------------------------------------------------
     def request_line(self, custom_id: str, conversation: list[dict[str, Any]]) -> bytes:

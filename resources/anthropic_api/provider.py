@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
+from batch_assets.resources.fields import operational, secret, semantic
 from batch_assets.resources.anthropic_api.batch import AnthropicBatches
 from batch_assets.resources.anthropic_api.payloads import MessagesPlan, message_generation, plan_messages, \
     request_body
@@ -60,55 +59,55 @@ class AnthropicProvider(HostedApiProvider):
         "Anthropic did not enforce the output format: check that `model` supports structured outputs "
         "(output_config.format; docs/providers-anthropic.md)")
 
-    model: str = Field(description="Claude model id sent with every request, e.g. claude-sonnet-4-5.")
-    base_url: str | None = Field(
+    model: str = semantic(description="Claude model id sent with every request, e.g. claude-sonnet-4-5.")
+    base_url: str | None = semantic(
         default=None,
         description="API root WITHOUT /v1 (the SDK adds /v1/messages). None: ANTHROPIC_BASE_URL if set, else "
         "https://api.anthropic.com.")
-    api_key: str | None = Field(
+    api_key: str | None = secret(
         default=None, repr=False,
         description="Set it as dg.EnvVar('ANTHROPIC_API_KEY') (in a pipeline spec: {env: ANTHROPIC_API_KEY}) so it is "
         "read at run time and hidden in the UI. Unset: the ANTHROPIC_API_KEY environment variable at run time. Never "
         "logged or recorded in metadata.")
-    max_concurrency: int = Field(default=8, ge=1, description="Requests in flight at once, across all calls in this "
+    max_concurrency: int = operational(default=8, ge=1, description="Requests in flight at once, across all calls in this "
                                  "process.")
-    requests_per_minute: float | None = Field(
+    requests_per_minute: float | None = operational(
         default=None, gt=0, description="Request rate limit (your tier's RPM; leaky bucket, a tenth of a minute's "
         "budget may go out in one burst). None: no limit.")
-    tokens_per_minute: float | None = Field(
+    tokens_per_minute: float | None = operational(
         default=None, gt=0, description="Token rate limit: each request is charged its estimated prompt tokens "
         "(characters / 4) plus max_new_tokens before it is sent (Anthropic counts input and output tokens per minute "
         "apart: set the tighter of the two). None: no limit.")
-    max_attempts: int = Field(
+    max_attempts: int = operational(
         default=5, ge=1, description="Attempts per request, the first included. Retried: 429 rate_limit_error, 529 "
         "overloaded_error, 5xx, timeouts, connection errors, malformed answers. Other 4xx fail the row at once.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Seconds one attempt may take, the whole body "
+    timeout_s: float = operational(default=120.0, gt=0, description="Seconds one attempt may take, the whole body "
                              "included.")
-    backoff_base_s: float = Field(default=1.0, ge=0, description="First retry waits about this long (half fixed, "
+    backoff_base_s: float = operational(default=1.0, ge=0, description="First retry waits about this long (half fixed, "
                                   "half random), doubling each attempt.")
-    backoff_max_s: float = Field(default=30.0, ge=0, description="Upper bound of one backoff wait.")
-    max_retry_after_s: float = Field(
+    backoff_max_s: float = operational(default=30.0, ge=0, description="Upper bound of one backoff wait.")
+    max_retry_after_s: float = operational(
         default=120.0, description="retry-after is always honoured up to this many seconds; a server asking for "
         "longer fails the row instead of stalling the run.")
-    extra_body: dict[str, Any] = Field(
+    extra_body: dict[str, Any] = semantic(
         default_factory=dict, description="Extra JSON fields merged into every Messages request (e.g. `thinking`, "
         "`metadata`). Per-call GenerationParams.extra wins over it.")
 
-    batch_api: bool = Field(
+    batch_api: bool = operational(
         default=False,
         description="Send the rows through Anthropic's Message Batches (half the online price) instead of one "
         "request each: answers come within 24 h; the partition's batch ids are kept in the storage root, so a "
         "rerun, a crash or a retry re-attaches and never submits twice (docs/providers-anthropic.md#message-batches).")
-    batch_poll_interval_s: float = Field(
+    batch_poll_interval_s: float = operational(
         default=60.0, gt=0, description="Batch mode: seconds between two status checks of a partition's batches.")
-    batch_retry_rows: Literal["new_batch", "online"] = Field(
+    batch_retry_rows: Literal["new_batch", "online"] = operational(
         default="new_batch",
         description="Batch mode: where rows go that a batch did not answer for a transient reason (expired, "
         "canceled, an errored result of type overloaded_error / rate_limit_error / api_error): 'new_batch' (batch "
         "price, another wait) or 'online' (sent now at the online price). Either way at most max_attempts times.")
-    batch_max_requests: int = Field(
+    batch_max_requests: int = operational(
         default=100_000, ge=1, description="Batch mode: requests per Message Batch (Anthropic's limit: 100,000).")
-    batch_max_bytes: int = Field(
+    batch_max_bytes: int = operational(
         default=256_000_000, ge=1, description="Batch mode: request bytes per Message Batch (Anthropic's limit: "
         "256 MB).")
 
@@ -173,7 +172,7 @@ class AnthropicProvider(HostedApiProvider):
         plan = self._plan(loaded, params)
         return AnthropicBatches(loaded.client, loaded.runner.run, self.model, plan, loaded.secret, self.timeout_s,
                                 self.batch_max_requests, self.batch_max_bytes, loaded.batches,
-                                stopped=lambda: loaded.gate.stopping)
+                                stopped=lambda: loaded.gate.stopping, **self._batch_waits())
 
     # -- capabilities ----------------------------------------------------------------------------------------------
     def generate(self, conversations: Sequence[Conversation], params: GenerationParams, *,

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
-
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.protocols import Classification
@@ -22,29 +21,29 @@ from batch_assets.resources.tokens import encoder_limit
 class HFPipelineProvider(ModelResource):
     """`TextClassifier` and `BatchPredictor` over `transformers.pipeline(task, model=<folder>)`."""
 
-    model: str = Field(description="Folder holding the model and tokenizer (save_pretrained output).")
-    task: Literal["text-classification", "zero-shot-classification"] = Field(
+    model: str = semantic(description="Folder holding the model and tokenizer (save_pretrained output).")
+    task: Literal["text-classification", "zero-shot-classification"] = semantic(
         default="text-classification",
         description="'text-classification': the model's own labels (config.id2label); 'zero-shot-classification': "
         "an NLI model (labels entailment / neutral / contradiction) scoring any candidate labels.",
     )
-    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
-    batch_size: int = Field(default=32, ge=1, description="Texts per forward pass inside the pipeline.")
-    label_map: dict[str, str] = Field(
+    device: str = operational(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    batch_size: int = operational(default=32, ge=1, description="Texts per forward pass inside the pipeline.")
+    label_map: dict[str, str] = semantic(
         default_factory=dict,
         description="text-classification: rename the model's labels ('LABEL_0' -> 'negative', 'POSITIVE' -> "
         "'positive') so they match the pipeline's candidate labels.",
     )
-    hypothesis_template: str = Field(
+    hypothesis_template: str = semantic(
         default="This text is about {}.",
         description="zero-shot-classification: the NLI hypothesis; {} is replaced by each candidate label.",
     )
-    candidate_labels: list[str] = Field(
+    candidate_labels: list[str] = semantic(
         default_factory=list,
         description="predict(): the labels to choose from (zero-shot needs them; text-classification defaults to "
         "all of the model's labels).",
     )
-    text_column: str = Field(default="text", description="predict(): the input column holding the text.")
+    text_column: str = semantic(default="text", description="predict(): the input column holding the text.")
 
     def load(self) -> Any:
         try:

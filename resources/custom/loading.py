@@ -6,6 +6,7 @@ Shared by the custom-class provider and the image provider's `torch_module` opti
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from typing import Any
 
@@ -51,6 +52,22 @@ def import_object(path: str, field: str = "class_path") -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def source_files(*paths: str | None) -> list[str]:
+    """The source files of the modules import paths ('package.module:Name') name, found without importing them;
+    paths that are unset, malformed or not found are left out (the load says what is wrong with them)."""
+    files = []
+    for path in paths:
+        if not path or ":" not in path:
+            continue
+        try:
+            found = importlib.util.find_spec(path.partition(":")[0])
+        except (ImportError, ValueError):
+            continue
+        if found is not None and found.origin:
+            files.append(found.origin)
+    return files
 
 
 def accepts_parameter(func: Any, name: str) -> bool:

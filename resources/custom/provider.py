@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
-
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
-from batch_assets.resources.custom.loading import ImportPathError, accepts_parameter, import_object
+from batch_assets.resources.custom.loading import ImportPathError, accepts_parameter, import_object, \
+    source_files
 from batch_assets.resources.custom.outputs import Columns, as_list, concat_outputs, normalize_output
 
 
@@ -31,27 +31,27 @@ class _Loaded:
 class CustomModelProvider(ModelResource):
     """Runs any Python class with a batch method: `Class(**init_kwargs)` once per process, then `method(batch)`."""
 
-    class_path: str = Field(
+    class_path: str = semantic(
         description="Import path of the class, 'package.module:ClassName'. The package must be installed where the "
         "pipeline runs (your project, or the worker image). A factory function returning the instance also works."
     )
-    init_kwargs: dict[str, Any] = Field(
+    init_kwargs: dict[str, Any] = semantic(
         default_factory=dict,
         description="Keyword arguments for the constructor (model name, thresholds, ...). Use {env: NAME} in the "
         "pipeline spec for secrets. Set the device with `device`, not here.",
     )
-    batch_size: int = Field(
+    batch_size: int = operational(
         default=256,
         ge=1,
         description="Rows per call of the batch method. Models that sort or pad a call (sentence-transformers) run "
         "faster on hundreds of rows per call than on tens; lower it when one call's activations do not fit memory.",
     )
-    device: str = Field(
+    device: str = operational(
         default="auto",
         description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', ... Passed as `device=` when the class's "
         "constructor has a `device` parameter; with 'auto' a class without one picks its own device.",
     )
-    method: str = Field(
+    method: str = semantic(
         default="__call__",
         description="Name of the batch method: it takes a dict of column -> list and returns a list, an array, or a "
         "dict of output columns, with one value per input row.",
@@ -66,6 +66,9 @@ class CustomModelProvider(ModelResource):
         if self._model is not None and self._model.device is not None:
             out["device"] = self._model.device
         return out
+
+    def user_code_files(self) -> list[str]:
+        return source_files(self.class_path)
 
     def load(self) -> _Loaded:
         factory = import_object(self.class_path, "class_path")

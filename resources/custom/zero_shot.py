@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import PrivateAttr, field_validator
 
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource
 from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder, cpu_encode_workers
 from batch_assets.resources.hf.models import MINILM
@@ -24,36 +25,36 @@ from batch_assets.resources.tokens import encoder_limit
 class ZeroShotEmbeddingClassifier(ModelResource):
     """`TextClassifier` over any sentence-transformers model (default: all-MiniLM-L6-v2, shipped in a package)."""
 
-    model: str = Field(
+    model: str = semantic(
         default=MINILM,
         description=f"'{MINILM}' (shipped in that pip package), a local sentence-transformers folder, or a Hub id "
         "available offline.",
     )
-    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
-    backend: Literal["auto", "torch", "onnx", "openvino"] = Field(
+    device: str = operational(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    backend: Literal["auto", "torch", "onnx", "openvino"] = semantic(
         default="auto",
         description="What runs the model on the CPU, as for the sentence_transformers provider: 'auto' picks the "
         "fastest runtime whose vectors match torch's; 'torch', 'onnx', 'openvino' pin one.",
     )
-    batch_size: int = Field(default=32, ge=1, description="Texts per forward pass (encode sorts each call by length).")
-    cpu_workers: int = Field(
+    batch_size: int = operational(default=32, ge=1, description="Texts per forward pass (encode sorts each call by length).")
+    cpu_workers: int = operational(
         default=1, ge=1, description="On CPU, chunks classified at once by the one model (see sentence_transformers).",
     )
-    hypothesis_template: str = Field(
+    hypothesis_template: str = semantic(
         default="This text is about {label}.",
         description="Sentence embedded for a label without a description; must contain {label}.",
     )
-    label_descriptions: dict[str, str] = Field(
+    label_descriptions: dict[str, str] = semantic(
         default_factory=dict,
         description="label -> the sentence embedded for it, used verbatim instead of the template. Describe what "
         "texts of that label talk about: 'football, tennis, scores and matches' beats a bare 'sports'.",
     )
-    score: Literal["softmax", "cosine"] = Field(
+    score: Literal["softmax", "cosine"] = semantic(
         default="softmax",
         description="'softmax': probability over the candidate labels of softmax(cosine / temperature), comparable "
         "across rows; 'cosine': the raw cosine similarity to the chosen label, in [-1, 1].",
     )
-    temperature: float = Field(
+    temperature: float = semantic(
         default=0.05,
         gt=0,
         description="softmax only: cosine similarities are divided by this (0.05 spreads MiniLM's narrow range of "

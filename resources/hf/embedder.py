@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.hf.models import MINILM, minilm_path
@@ -33,19 +34,19 @@ class SentenceTransformerEmbedder(ModelResource):
     preload: ClassVar[bool] = True  # imports and weights load while read and prepare run (resources/base.py)
     runs_replicas: ClassVar[bool] = True  # sentence-transformers' own multi-process pool, one process per GPU
 
-    model: str = Field(
+    model: str = semantic(
         default=MINILM,
         description=f"'{MINILM}' (shipped in that pip package), a local folder, or a Hub id available offline.",
     )
-    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', ...")
-    backend: Literal["auto", "torch", "onnx", "openvino"] = Field(
+    device: str = operational(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    backend: Literal["auto", "torch", "onnx", "openvino"] = semantic(
         default="auto",
         description="What runs the model on the CPU. 'auto': the fastest runtime whose vectors match torch's "
         "(min cosine >= 0.9999; OpenVINO, then onnxruntime, then torch), the model exported to ONNX once and cached "
         "next to it (docs/providers-local-cpu.md). 'onnx' / 'openvino' pin one (the load fails if it is not "
         "faithful); 'torch' runs sentence-transformers itself. On a GPU, torch.",
     )
-    precision: Literal["exact", "fast"] = Field(
+    precision: Literal["exact", "fast"] = semantic(
         default="exact",
         description="'exact': float32, the vectors torch computes (min cosine >= 0.9999). 'fast': bfloat16 with "
         "OpenVINO on CPUs that have it (AMX or AVX512-BF16), decided per partition on its own rows: 512 of them "
@@ -53,13 +54,13 @@ class SentenceTransformerEmbedder(ModelResource):
         "whole partition exact. Each partition's metadata says which ran and the measured recall and cosine "
         "(docs/providers-local-cpu.md).",
     )
-    batch_size: int = Field(
+    batch_size: int = operational(
         default=32,
         description="Rows per forward pass. encode() sorts each call by length, so feed it hundreds of rows per "
         "call; on CPU 32 beat 64 (less padding).",
     )
-    normalize: bool = Field(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
-    cpu_workers: int = Field(
+    normalize: bool = semantic(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
+    cpu_workers: int = operational(
         default=1, ge=1,
         description="On CPU, chunks encoded at once by the one model on as many threads. Alone, on 2 cores, 2 calls "
         "encoded 2,048 MiniLM texts in 4.3-4.4 s (4.0 s with OMP_NUM_THREADS=1) against 5.0-5.9 s for 512-row calls "
@@ -67,7 +68,7 @@ class SentenceTransformerEmbedder(ModelResource):
         "default. Ignored on a GPU (one call at a time).",
     )
 
-    replica_devices: list[str] | None = Field(
+    replica_devices: list[str] | None = operational(
         default=None,
         description="Devices of the multi-process pool (one model copy each). Default: cuda:0..N-1 under "
         "gpu_strategy replicas with N GPUs, else no pool. Set it to run a pool without the executor, e.g. "

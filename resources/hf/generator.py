@@ -6,8 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.hf.constrained import generate_constrained
@@ -32,19 +33,19 @@ class TransformersGenerator(ModelResource):
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"pytorch", "huggingface"})
     preload: ClassVar[bool] = True  # imports and weights load while read and prepare run (resources/base.py)
 
-    model: str = Field(
+    model: str = semantic(
         default=SMOLLM2,
         description=f"'{SMOLLM2}' (the GGUF shipped in that pip package), a local folder, or a Hub id available "
         "offline.",
     )
-    gguf_file: str | None = Field(default=None, description="GGUF file name inside `model` when it is a folder.")
-    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
-    batch_size: int = Field(
+    gguf_file: str | None = semantic(default=None, description="GGUF file name inside `model` when it is a folder.")
+    device: str = operational(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    batch_size: int = operational(
         default=32,
         description="Prompts per generate() call. Prompts are sorted by length first so a batch pads little.",
     )
-    dtype: str = Field(default="auto", description="torch dtype: 'auto' (float32 on CPU), 'bfloat16', 'float16'.")
-    prefix_cache: bool = Field(
+    dtype: str = semantic(default="auto", description="torch dtype: 'auto' (float32 on CPU), 'bfloat16', 'float16'.")
+    prefix_cache: bool = operational(
         default=True,
         description="Compute the key/value cache of the token prefix every prompt of a call shares (chat template "
         "and system message) once, and reuse it for every batch: prefill, not decoding, dominates short answers.",

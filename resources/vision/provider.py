@@ -19,10 +19,11 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, field_validator, model_validator
 
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
-from batch_assets.resources.custom.loading import ImportPathError, import_object
+from batch_assets.resources.custom.loading import ImportPathError, import_object, source_files
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.resources.multimodal import load_image
 from batch_assets.resources.protocols import Classification
@@ -41,40 +42,40 @@ class _Loaded:
 class ImageModelProvider(ModelResource):
     """`ImageEmbedder` + `ImageClassifier` (+ `TextEmbedder` for CLIP's text side)."""
 
-    model: str | None = Field(
+    model: str | None = semantic(
         default=None,
         description="sentence-transformers model that accepts images (e.g. a CLIP folder saved with "
         "SentenceTransformer.save). Exactly one of model / torch_module.",
     )
-    torch_module: str | None = Field(
+    torch_module: str | None = semantic(
         default=None,
         description="'package.module:factory' returning a torch nn.Module: (N, 3, H, W) float -> (N, D) vectors.",
     )
-    torch_module_kwargs: dict[str, Any] = Field(
+    torch_module_kwargs: dict[str, Any] = semantic(
         default_factory=dict, description="Keyword arguments for the torch_module factory (weights path, ...)."
     )
-    preprocess: str | None = Field(
+    preprocess: str | None = semantic(
         default=None,
         description="torch_module: 'package.module:function' turning one image into a (3, H, W) tensor. Default: "
         "RGB, resize to image_size x image_size, scale to [0, 1], normalise with mean / std.",
     )
-    image_size: int = Field(default=224, ge=8, description="torch_module default preprocessing: square side.")
-    mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN), description="Per-channel mean.")
-    std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD), description="Per-channel std.")
-    device: str = Field(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
-    batch_size: int = Field(default=32, ge=1, description="Images per forward pass.")
-    normalize: bool = Field(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
-    label_template: str = Field(
+    image_size: int = semantic(default=224, ge=8, description="torch_module default preprocessing: square side.")
+    mean: list[float] = semantic(default_factory=lambda: list(IMAGENET_MEAN), description="Per-channel mean.")
+    std: list[float] = semantic(default_factory=lambda: list(IMAGENET_STD), description="Per-channel std.")
+    device: str = operational(default="auto", description="'auto' (cuda > mps > cpu), 'cpu', 'cuda', ...")
+    batch_size: int = operational(default=32, ge=1, description="Images per forward pass.")
+    normalize: bool = semantic(default=True, description="L2-normalise vectors (cosine similarity = dot product).")
+    label_template: str = semantic(
         default="a photo of a {label}.",
         description="CLIP text side: the sentence embedded for each candidate label; must contain {label}.",
     )
-    label_examples: dict[str, list[str]] = Field(
+    label_examples: dict[str, list[str]] = semantic(
         default_factory=dict,
         description="label -> example images (paths, s3:// or http(s):// URLs). Each label's prototype is the mean "
         "of its examples' vectors; when given, classify_images uses prototypes instead of the text side. Required "
         "to classify with a torch_module.",
     )
-    temperature: float = Field(
+    temperature: float = semantic(
         default=0.01,
         gt=0,
         description="Scores are softmax(cosine / temperature) over the candidate labels (0.01 = CLIP's logit scale "
@@ -108,6 +109,9 @@ class ImageModelProvider(ModelResource):
         if self.label_examples:
             out["labels_from_examples"] = sorted(self.label_examples)
         return out
+
+    def user_code_files(self) -> list[str]:
+        return source_files(self.torch_module, self.preprocess)
 
     # -- loading -----------------------------------------------------------------------------------------------
     def load(self) -> _Loaded:

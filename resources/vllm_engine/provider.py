@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
 import dagster as dg
 
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus
 from batch_assets.resources.protocols import Conversation, Generation, GenerationParams
 from batch_assets.resources.schema_support import VLLM, warn_unenforced
@@ -73,53 +74,53 @@ class VLLMEngineProvider(ModelResource):
                     "on one GPU (remove tensor_parallel_size, or use gpu_strategy: tensor_parallel)")
         return None
 
-    model: str = Field(description="Hugging Face id or local path of the model (a generative or an embedding model).")
-    runner: Literal["auto", "generate", "pooling"] = Field(
+    model: str = semantic(description="Hugging Face id or local path of the model (a generative or an embedding model).")
+    runner: Literal["auto", "generate", "pooling"] = semantic(
         default="auto", description="vLLM runner: 'generate' for chat models, 'pooling' for embedding models."
     )
-    tensor_parallel_size: int | None = Field(
+    tensor_parallel_size: int | None = operational(
         default=None,
         ge=1,
         description="GPUs to shard the model over. Default: the GPUs the executor gave the step (BATCH_INFER_GPUS, "
         "set per partition by runtime.resources), else every GPU visible to the process. With gpu_strategy "
         "replicas: 1 (one engine per GPU; another value is refused).",
     )
-    gpu_memory_utilization: float = Field(
+    gpu_memory_utilization: float = operational(
         default=0.9, gt=0.0, le=1.0, description="Share of each GPU's memory vLLM may take (weights + KV cache)."
     )
-    max_model_len: int | None = Field(
+    max_model_len: int | None = semantic(
         default=None, ge=1, description="Context length cap; lower it to fit a long-context model's KV cache."
     )
-    enable_prefix_caching: bool = Field(
+    enable_prefix_caching: bool = operational(
         default=True, description="Reuse KV blocks across rows sharing a prompt prefix (system prompt, few-shot)."
     )
-    dtype: str = Field(default="auto", description="'auto', 'bfloat16', 'float16' or 'float32'.")
-    quantization: str | None = Field(default=None, description="vLLM quantization method, e.g. 'awq', 'gptq', 'fp8'.")
-    seed: int = Field(default=0, description="Engine seed; GenerationParams.seed sets a per-request seed on top.")
-    lora_adapters: dict[str, str] = Field(
+    dtype: str = semantic(default="auto", description="'auto', 'bfloat16', 'float16' or 'float32'.")
+    quantization: str | None = semantic(default=None, description="vLLM quantization method, e.g. 'awq', 'gptq', 'fp8'.")
+    seed: int = semantic(default=0, description="Engine seed; GenerationParams.seed sets a per-request seed on top.")
+    lora_adapters: dict[str, str] = semantic(
         default_factory=dict,
         description="LoRA adapters by name -> local path. Non-empty turns on enable_lora in the engine.",
     )
-    lora: str | None = Field(
+    lora: str | None = semantic(
         default=None, description="Name of the adapter (in `lora_adapters`) applied to every request; default: the "
         "only adapter when there is exactly one, else none.",
     )
-    max_lora_rank: int | None = Field(default=None, ge=1, description="Largest LoRA rank among the adapters.")
-    chat_template_kwargs: dict[str, Any] = Field(
+    max_lora_rank: int | None = operational(default=None, ge=1, description="Largest LoRA rank among the adapters.")
+    chat_template_kwargs: dict[str, Any] = semantic(
         default_factory=dict, description="Passed to the chat template, e.g. {'enable_thinking': false} for Qwen3."
     )
-    json_any_whitespace: bool = Field(
+    json_any_whitespace: bool = semantic(
         default=False,
         description="JSON-schema outputs may contain free whitespace (off: compact JSON, fewer tokens, no runaway "
         "newlines).",
     )
-    normalize_embeddings: bool = Field(default=False, description="L2-normalise vectors returned by embed().")
-    engine_kwargs: dict[str, Any] = Field(
+    normalize_embeddings: bool = semantic(default=False, description="L2-normalise vectors returned by embed().")
+    engine_kwargs: dict[str, Any] = semantic(
         default_factory=dict,
         description="Further vllm.LLM / EngineArgs keyword arguments (enforce_eager, max_num_seqs, "
         "kv_cache_dtype, ...).",
     )
-    vllm_api: str = Field(
+    vllm_api: str = semantic(
         default=DEFAULT_API,
         description="Import path of the function returning the vLLM classes to use. Leave the default; tests set "
         "'tests.providers.vllm_standin:standin_vllm_api'.",

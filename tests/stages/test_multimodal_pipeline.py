@@ -8,18 +8,23 @@ from pathlib import Path
 
 import pyarrow as pa
 from PIL import Image
+from pydantic import PrivateAttr
 
 from batch_assets.spec import parse_spec
 from batch_assets.stages.infer import InferStats, run_infer
 from batch_assets.stages.prepare import prepare_batches
 from batch_assets.storage import ArrowStorage, read_batches, write_parquet
+from batch_assets.resources.base import ModelResource
 from batch_assets.resources.protocols import Generation
 
-class RecordingGenerator:
+class RecordingGenerator(ModelResource):
     """Stand-in at the narrowest seam: records the conversations the infer stage builds."""
 
-    def __init__(self) -> None:
-        self.conversations: list = []
+    _conversations: list = PrivateAttr(default_factory=list)
+
+    @property
+    def conversations(self) -> list:
+        return self._conversations
 
     def model_name(self) -> str:
         return "recorder"
