@@ -184,12 +184,12 @@ def for_project(where: Path, module: str = "") -> PipelineCatalog:
     project = _dg_project(where)
     specs: list[PipelineSpec] = []
     found = f"the code location {module}"
-    if project is not None and not os.environ.get(PIPELINES_DIR_ENV):
+    if project is not None:  # $BATCH_PIPELINES_DIR is about this package's pipelines, not a project's Components
         try:
             specs = component_specs(dg.ComponentTree.for_project(project[0]))
             found = f"the Components of {project[0]} and {found}"
-        except Exception:  # noqa: BLE001 - not a Components project (no defs module): its code location decides
-            specs = []
+        except Exception:  # noqa: BLE001 - no defs module, or one that does not load: the code location, loaded in
+            specs = []     # full below (the fallback), decides, and fails with Dagster's own error if it cannot load
     return PipelineCatalog([], specs, where=found, fallback=lambda: code_location_specs(module, where))
 
 

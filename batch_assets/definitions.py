@@ -34,8 +34,8 @@ import dagster as dg
 from batch_assets.catalog import (COMPONENTS_DIR, BrokenSpec, PipelineCatalog, built_in, built_in_component_tree,
                                   load_error)
 from batch_assets.orchestration.executors import local_executor
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
-from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.components.pipeline import pipeline_definitions
+from batch_assets.orchestration.factory import STORAGE_KEY, pipeline_specs
 from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError
@@ -80,12 +80,12 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
                       components: bool | dg.ComponentTree | None = False) -> dg.Definitions:
     """The code location of `specs`, and of the pipeline Components of `components` (True: batch_assets/defs/),
     which Dagster builds from their tree, as it does in a user's project (`dg list defs` then names each asset's
-    defs.yaml); both routes build a pipeline with the same factory calls."""
+    defs.yaml); both routes build a pipeline with the same call, `pipeline_definitions`."""
     broken = list(broken or [])
     per_pipeline = []
     for spec in specs:
         try:
-            per_pipeline += [build_pipeline_definitions(spec), launch_definitions(spec)]
+            per_pipeline.append(pipeline_definitions(spec))
         except Exception as exc:  # surfaced below as a failing asset + warning: never swallowed
             broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
     if components:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets import k8s_check
+from batch_assets.commands import k8s_check
 from tests.conftest import K8S_GROUP, write_jsonl
 from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch

@@ -24,7 +24,7 @@ import yaml
 from batch_assets.errors import PipelineError
 from batch_assets.orchestration.factory import build_model_resource
 from batch_assets.reliability.dead_letters import dead_letter_url
-from batch_assets.retry_dead_letters import retry_partition
+from batch_assets.commands.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import read_output, run_pipeline, write_jsonl
@@ -83,7 +83,7 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
         env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT)}
         env.pop("DAGSTER_HOME", None)
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echoes", "a",
                                "--storage-root", str(store)], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -137,7 +137,7 @@ def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_
         pipelines.mkdir()
         (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
         env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(home)}
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echoes", "a",
                                "--storage-root", store], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -231,7 +231,7 @@ def test_the_retry_command_finds_a_component_pipeline_in_the_users_project(tmp_p
 
         refused.clear()  # the policy changed: the refused rows are answered now
         env = {k: v for k, v in os.environ.items() if k not in ("BATCH_PIPELINES_DIR", "DAGSTER_HOME")}
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echo_component", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echo_component", "a",
                                "--storage-root", str(store)], cwd=project, env={**env, "PYTHONPATH": str(project)},
                               capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -266,7 +266,7 @@ def test_the_retry_command_finds_a_component_pipeline_in_a_create_dagster_projec
 
         refused.clear()
         env = {k: v for k, v in os.environ.items() if k not in ("BATCH_PIPELINES_DIR", "DAGSTER_HOME")}
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "shop_echoes", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "shop_echoes", "a",
                                "--storage-root", str(store)], cwd=project,
                               env={**env, "PYTHONPATH": str(project / "src")}, capture_output=True, text=True,
                               timeout=300)

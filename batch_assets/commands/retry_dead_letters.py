@@ -1,4 +1,4 @@
-"""Retry a partition's dead letters: `python -m batch_assets.retry_dead_letters PIPELINE PARTITION`.
+"""Retry a partition's dead letters: `python -m batch_assets.commands.retry_dead_letters PIPELINE PARTITION`.
 
 Only the rows that failed (and whose input is not empty) go to the model again; good rows are kept as they are, and
 the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model
@@ -120,7 +120,8 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batch_assets.retry_dead_letters", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.commands.retry_dead_letters",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("pipeline")
     parser.add_argument("partition")
     parser.add_argument("--storage-root", default="", help="default: $BATCH_STORAGE_ROOT, else data/storage; a "
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("DAGSTER_HOME"):
         dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization(
             asset_key=dg.AssetKey([spec.name, "output"]), partition=args.partition,
-            description="dead letters retried (python -m batch_assets.retry_dead_letters)",
+            description="dead letters retried (python -m batch_assets.commands.retry_dead_letters)",
             metadata={k: dg.MetadataValue.int(v) for k, v in outcome.items()},
         ))
     return 0
