@@ -70,8 +70,8 @@ class PipelineCatalog:
             if spec.name == name:
                 return spec
         if self.fallback is not None:
-            taken = set(self.names())
-            self.files += [s for s in self.fallback() if s.name not in taken]
+            taken = set(self.names())  # once: the code location is loaded in full at most one time
+            self.files += [s for s in self.fallback() if s.name not in taken]  # built by that code location itself
             self.fallback = None
             return self.get(name)
         broken = "".join(f"\n  not loaded: {b.origin}: {b.error}" for b in self.broken)
