@@ -92,15 +92,15 @@ k8s-tools: $(HELM)
 K8S_VALUES ?= k8s/values.yaml
 k8s-check: install k8s-tools
 	$(call step,"k8s-check: helm template + instance config + kubernetes-validate + PodSecurity restricted")
-	$(PY) -m batch_assets.k8s_check $(K8S_VALUES)
+	$(PY) -m batch_assets.commands.k8s_check $(K8S_VALUES)
 
 # The llama-cpp-python build (minutes, on first use) and the chromium install (apt) run side by side.
 install-test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 $(LLAMA_STAMP) $(CHROMIUM_STAMP) $(HELM) $(AUDIO_STAMP)
 
 demo: install
-	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.demo)")
-	$(PY) -m batch_assets.demo
+	$(call step,"demo: the example pipelines through dg launch (python -m batch_assets.commands.demo)")
+	$(PY) -m batch_assets.commands.demo
 
 UI_PORT ?= 3000
 ui: install

@@ -1,5 +1,6 @@
-"""The Dagster code location: one set of assets per pipeline spec in batch_assets/pipelines/*.yaml, plus the
-pipelines declared as Dagster Components under batch_assets/defs/ (`BatchInferencePipeline` defs.yaml files).
+"""The Dagster code location: one set of assets per pipeline of the catalog (batch_assets/catalog.py): the spec
+files in batch_assets/pipelines/*.yaml and the pipelines declared as Dagster Components under batch_assets/defs/
+(`BatchInferencePipeline` defs.yaml files), every one built by the same factory calls.
 
 Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several) instead of both
 built-in places (tests and deployments that bring their own pipelines). BATCH_EXECUTOR chooses the local
@@ -26,18 +27,18 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
-import batch_assets.defs as component_defs_package
+from batch_assets.catalog import (COMPONENTS_DIR, BrokenSpec, PipelineCatalog, built_in, built_in_component_tree,
+                                  load_error)
 from batch_assets.orchestration.executors import local_executor
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
-from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.components.pipeline import pipeline_definitions
+from batch_assets.orchestration.factory import STORAGE_KEY, pipeline_specs
 from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.resources.errors import MissingExtraError
-from batch_assets.spec import PipelineSpec, SpecError, load_spec
+from batch_assets.spec import PipelineSpec, SpecError
 from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor
 
 # `dg launch --assets "group:<name>"` parses the selection with AssetSelection.groups(include_sources=...), a
@@ -45,7 +46,6 @@ from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_ro
 # for that parameter only, since the launch imports this module first.
 warnings.filterwarnings("ignore", category=dg.BetaWarning, message=r"Parameter `include_sources` of function "
                         r"`AssetSelection\.groups`")
-PIPELINES_DIR = Path(__file__).parent / "pipelines"
 BROKEN_GROUP = "broken_pipelines"
 VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"  # set by `dg check defs` and `dagster definitions validate`
 log = logging.getLogger(__name__)
@@ -53,40 +53,6 @@ log = logging.getLogger(__name__)
 
 class BrokenPipelineWarning(UserWarning):
     """A pipeline spec could not be loaded; the other pipelines of the code location still are."""
-
-
-@dataclass(frozen=True)
-class BrokenSpec:
-    origin: str  # the spec file
-    error: str
-
-
-def pipeline_dirs() -> list[Path]:
-    extra = os.environ.get("BATCH_PIPELINES_DIR")
-    # absolute (a relative folder is the shell's: against the cwd), so a broken spec's error names the file in full
-    return [Path(p).expanduser().resolve() for p in extra.split(os.pathsep) if p] if extra else [PIPELINES_DIR]
-
-
-def load_all_specs() -> tuple[list[PipelineSpec], list[BrokenSpec]]:
-    """Every valid spec, and every file that is not one (each with its error). Names must be unique: a second
-    spec with a name already taken is broken, the first keeps working."""
-    specs: list[PipelineSpec] = []
-    broken: list[BrokenSpec] = []
-    taken: dict[str, str] = {}
-    for folder in pipeline_dirs():
-        for path in sorted(Path(folder).glob("*.yaml")):
-            try:
-                spec = load_spec(path)
-            except SpecError as exc:
-                broken.append(BrokenSpec(str(path), str(exc)))
-                continue
-            if spec.name in taken:
-                broken.append(BrokenSpec(str(path), f"pipeline names must be unique: {spec.name!r} is already "
-                                                    f"defined in {taken[spec.name]}; rename one of them"))
-                continue
-            taken[spec.name] = str(path)
-            specs.append(spec)
-    return specs, broken
 
 
 def _asset_name(origin: str) -> str:
@@ -111,24 +77,22 @@ def broken_spec_asset(broken: BrokenSpec, name: str) -> dg.AssetsDefinition:
 
 
 def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None = None,
-                      components: bool = False) -> dg.Definitions:
+                      components: bool | dg.ComponentTree | None = False) -> dg.Definitions:
+    """The code location of `specs`, and of the pipeline Components of `components` (True: batch_assets/defs/),
+    which Dagster builds from their tree, as it does in a user's project (`dg list defs` then names each asset's
+    defs.yaml); both routes build a pipeline with the same call, `pipeline_definitions`."""
     broken = list(broken or [])
     per_pipeline = []
     for spec in specs:
         try:
-            per_pipeline += [build_pipeline_definitions(spec), launch_definitions(spec)]
+            per_pipeline.append(pipeline_definitions(spec))
         except Exception as exc:  # surfaced below as a failing asset + warning: never swallowed
             broken.append(BrokenSpec(spec.name, f"pipeline {spec.name!r} could not be built: {exc}"))
-    if components:  # pipelines declared as Dagster Components (batch_assets/defs/*/defs.yaml)
+    if components:
         try:
-            per_pipeline.append(component_definitions())
+            per_pipeline.append(component_definitions(built_in_component_tree() if components is True else components))
         except Exception as exc:  # same treatment as a broken spec file: a failing asset and a warning
-            root = exc  # Dagster's message shows which defs.yaml failed; the innermost cause says why
-            while root.__cause__ or root.__context__:
-                root = root.__cause__ or root.__context__
-            why = f"\n{type(root).__name__}: {root}" if root is not exc else ""
-            broken.append(BrokenSpec(str(Path(__file__).parent / "defs"),
-                                     f"the component pipelines did not load: {exc}{why}"))
+            broken.append(BrokenSpec(str(COMPONENTS_DIR), f"the component pipelines did not load: {load_error(exc)}"))
     if broken and os.environ.get(VALIDATION_ENV) == "1":
         # `dg check defs` / `dagster definitions validate`: a CI gate must fail on a broken pipeline, while the UI
         # and the daemon keep serving the healthy ones (below).
@@ -168,19 +132,21 @@ def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definiti
     return dg.Definitions(executor=executor)
 
 
-def component_definitions() -> dg.Definitions:
-    """The built-in pipelines declared as Components (batch_assets/defs/), loaded from the package itself: no
-    pyproject.toml needed, so they load from an installed wheel as from the checkout (dg.load_from_defs_folder
-    looks for the project's config file, which site-packages does not have). The component tree is left out of the
-    result: a user's project that merges these definitions into its own brings its own tree, and Dagster merges one."""
+def component_definitions(tree: dg.ComponentTree) -> dg.Definitions:
+    """The Components' definitions, built by Dagster from their tree. The component tree is left out of the result:
+    a user's project that merges these definitions into its own brings its own tree, and Dagster merges one."""
     with warnings.catch_warnings():  # Dagster's own preview/beta calls inside the loader, as load_from_defs_folder hides
         warnings.simplefilter("ignore", dg.BetaWarning)
         warnings.simplefilter("ignore", dg.PreviewWarning)
-        loaded = dg.ComponentTree.from_module(defs_module=component_defs_package,
-                                              project_root=Path(__file__).resolve().parents[1]).build_defs()
+        loaded = tree.build_defs()
     return dg.Definitions(assets=loaded.assets, asset_checks=loaded.asset_checks, jobs=loaded.jobs,
                           schedules=loaded.schedules, sensors=loaded.sensors, resources=loaded.resources,
                           executor=loaded.executor, loggers=loaded.loggers, metadata=loaded.metadata)
 
 
-defs = build_definitions(*load_all_specs(), components="BATCH_PIPELINES_DIR" not in os.environ)
+def code_location(catalog: PipelineCatalog) -> dg.Definitions:
+    """Every pipeline of the catalog: its spec files built here, its Components built by Dagster from their tree."""
+    return build_definitions(catalog.files, catalog.broken, components=catalog.tree)
+
+
+defs = code_location(built_in())

@@ -1104,14 +1104,3 @@ def written_path(spec: PipelineSpec, section: str) -> str | None:
     changed after load is taken as it is."""
     path = getattr(spec, section).path
     return spec._written_paths.get(path, path) if path else path
-
-
-def load_specs(folder: str | Path) -> list[PipelineSpec]:
-    specs = [load_spec(p) for p in sorted(Path(folder).glob("*.yaml"))]
-    seen: dict[str, int] = {}
-    for spec in specs:
-        seen[spec.name] = seen.get(spec.name, 0) + 1
-    dupes = [n for n, c in seen.items() if c > 1]
-    if dupes:
-        raise SpecError(f"pipeline names must be unique; repeated in {folder}: {', '.join(dupes)}")
-    return specs

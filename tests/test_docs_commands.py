@@ -46,7 +46,7 @@ COVERED: list[tuple[str, str]] = [
     # docs/launch-paths.md: every command of the page, read from it and run as written
     (r"dagster asset materialize -m batch_assets\.definitions --select 'group:daily_review_sentiment' "
      r"--partition(-range)? \S+", "tests/orchestration/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
-    (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/python -m batch_assets\.launch backfill daily_review_sentiment "
+    (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/python -m batch_assets\.commands\.backfill daily_review_sentiment "
      r"--from \S+ --to \S+", "tests/orchestration/test_daemon_launches.py::"
      "test_documented_backfills_under_make_ui_follow_the_spec_policy_and_never_infer_twice"),
     (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/dagster job backfill -w workspace\.yaml -j "

@@ -77,7 +77,7 @@ def test_backfill_then_sensor_and_schedule_under_the_daemon_infer_every_row_once
     with (dev_server(dagster_dev_command(port), env, dev_log) as proc,
           dg.DagsterInstance.from_config(str(home)) as instance):
         wait_ready(port, proc, dev_log)
-        out = subprocess.run([sys.executable, "-m", "batch_assets.launch", "backfill", "support_tickets", "--from",
+        out = subprocess.run([sys.executable, "-m", "batch_assets.commands.backfill", "support_tickets", "--from",
                               days[0], "--to", days[-1]], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr

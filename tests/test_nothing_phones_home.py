@@ -141,7 +141,7 @@ def test_no_process_reaches_outside_and_every_process_exits(tmp_path: Path, llam
         write_jsonl(data / "inbox" / "drop-1.jsonl", docs_rows("d", 3))
         write_jsonl(data / "docs" / "b.jsonl", docs_rows("b", 4))
         # 4. a backfill through the daemon, which picks it up at Dagster's own interval (30 s: no test patch here)
-        backfill = subprocess.run([sys.executable, "-m", "batch_assets.launch", "backfill", "docs", "--partitions",
+        backfill = subprocess.run([sys.executable, "-m", "batch_assets.commands.backfill", "docs", "--partitions",
                                    "b"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
         assert backfill.returncode == 0, backfill.stdout[-2000:] + backfill.stderr[-2000:]
         with dg.DagsterInstance.from_config(str(dagster_home)) as instance:

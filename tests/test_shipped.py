@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets.definitions import PIPELINES_DIR, build_definitions
+from batch_assets.catalog import PIPELINES_DIR
+from batch_assets.definitions import build_definitions
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.sensors import sensor_name
 from batch_assets.spec import parse_spec

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_assets.spec import SpecError, load_spec, load_specs, parse_spec, provider_config_problems
+from batch_assets.catalog import built_in, folder_specs
+from batch_assets.spec import SpecError, load_spec, parse_spec, provider_config_problems
 from batch_assets.resources.base import ModelResource
 from batch_assets.resources.registry import PROVIDERS, provider_class
 from tests.conftest import EMBED_SPEC, GENERATE_SPEC
@@ -65,17 +66,23 @@ def test_yaml_file_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_duplicate_pipeline_names_rejected(tmp_path: Path) -> None:
+    """The first file keeps its name; the second is reported broken, naming the first."""
     import yaml
 
     for f in ("a.yaml", "b.yaml"):
         (tmp_path / f).write_text(yaml.safe_dump(EMBED_SPEC))
-    with pytest.raises(SpecError, match="unique"):
-        load_specs(tmp_path)
+    specs, broken = folder_specs([tmp_path])
+    assert [s.name for s in specs] == [EMBED_SPEC["name"]]
+    assert [b.origin for b in broken] == [str(tmp_path / "b.yaml")]
+    assert "must be unique" in broken[0].error and str(tmp_path / "a.yaml") in broken[0].error
 
 
-def test_shipped_pipelines_are_valid() -> None:
-    specs = load_specs(Path(__file__).parents[1] / "batch_assets" / "pipelines")
-    assert {"customer_industry", "document_embeddings"} <= {s.name for s in specs}
+def test_shipped_pipelines_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shipped pipeline, spec file or Component, is in the catalog, and none is broken."""
+    monkeypatch.delenv("BATCH_PIPELINES_DIR", raising=False)
+    catalog = built_in()
+    assert not catalog.broken
+    assert {"customer_industry", "document_embeddings", "document_search"} <= set(catalog.names())
 
 
 def test_structured_output_is_validated_at_load() -> None:

@@ -88,8 +88,14 @@ class BatchInferencePipeline(dg.Component):
         return cls(anchor_local_paths(attributes, origin))
 
     def build_defs(self, context: dg.ComponentLoadContext | None) -> dg.Definitions:
-        return dg.Definitions.merge(build_pipeline_definitions(self.spec), launch_definitions(self.spec),
-                                    dg.Definitions(resources={STORAGE_KEY: DEFAULT_STORAGE}))
+        return pipeline_definitions(self.spec)
+
+
+def pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:
+    """One pipeline, complete: its assets, checks and job, its schedule or sensors, and every resource they need.
+    What a Component brings to a project, and what a command builds for the one pipeline it runs."""
+    return dg.Definitions.merge(build_pipeline_definitions(spec), launch_definitions(spec),
+                                dg.Definitions(resources={STORAGE_KEY: DEFAULT_STORAGE}))
 
 
 def _yaml_attributes(context: dg.ComponentLoadContext) -> dict[str, Any] | None:

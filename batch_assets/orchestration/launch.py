@@ -1,6 +1,6 @@
 """A pipeline's automatic launch paths, gathered for the code location and for component pipelines alike: its
 schedule, its sensor on new source files, or its declarative-automation sensor (launch-paths.md). The backfill
-command is batch_assets/launch.py."""
+command is batch_assets/commands/backfill.py."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def infer_pool(spec: PipelineSpec) -> str | None:
 # A holder that is alive, or on another host, is named in a warning with the command that frees its slot.
 
 PROCESS_TAG = "batch/infer_process"
-FREE_COMMAND = "python -m batch_assets.pools free <run id>"
+FREE_COMMAND = "python -m batch_assets.commands.pools free <run id>"
 
 
 def process_identity(pid: int | None = None) -> str:

@@ -4,8 +4,8 @@ The write stage publishes, beside the output, `<storage root>/<pipeline>/dead_le
 per failed row with its id, origin, error class, message, raw model output and model input. It is rewritten (or
 emptied) atomically with every publish of the partition, so it always describes the published output.
 
-Retrying them (`python -m batch_assets.retry_dead_letters PIPELINE PARTITION`, see docs/RELIABILITY.md) is in
-batch_assets/retry_dead_letters.py: this module is what the write stage needs, and imports no stage.
+Retrying them (`python -m batch_assets.commands.retry_dead_letters PIPELINE PARTITION`, see docs/RELIABILITY.md) is in
+batch_assets/commands/retry_dead_letters.py: this module is what the write stage needs, and imports no stage.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The infer stage: prepared rows in chunks to the model provider, one result per row out, resumable.
 
 One loop for every task kind, provider and caller (`infer_rows`: the infer stage's `run_infer`, and the dead-letter
-retry in batch_assets/retry_dead_letters.py); what a task kind means is asked of one Task (batch_assets/tasks/):
+retry in batch_assets/commands/retry_dead_letters.py); what a task kind means is asked of one Task (batch_assets/tasks/):
 - prepared rows are cut into chunks of exactly `runtime.chunk_rows` (read ahead on a thread);
 - a chunk already committed under the partition's checkpoint (same fingerprint, same row ids and model inputs) is
   skipped: a rerun after a crash pays only for what was not finished (batch_assets/reliability/checkpoint.py);

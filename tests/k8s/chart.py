@@ -2,7 +2,7 @@
 pinned binary `make install-test` extracts into .venv/tools) of the chart in ../shared/dagster-chart/dagster (a
 reconstruction of upstream `helm/dagster` 1.13.27; its README lists what differs from the released package), with the
 chart's own defaults under our values, as `helm upgrade --install` merges them. No Python reproduction of templates:
-a test that needs chart output reads it from these manifests (batch_assets/k8s_check.py does the rendering).
+a test that needs chart output reads it from these manifests (batch_assets/commands/k8s_check.py does the rendering).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from batch_assets import k8s_check
+from batch_assets.commands import k8s_check
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "k8s" / "values.yaml"

@@ -235,7 +235,7 @@ def test_rendered_instance_validates_and_keeps_production_settings(tmp_path: Pat
     from dagster._core.instance.config import dagster_instance_config
     from dagster._serdes.config_class import ConfigurableClassData, class_from_code_pointer
 
-    from batch_assets.k8s_check import load_instance_config
+    from batch_assets.commands.k8s_check import load_instance_config
     from tests.k8s import chart
 
     text = chart.render().instance_yaml  # the ConfigMap dagster-instance, as helm renders it
@@ -268,7 +268,7 @@ def test_run_limits_beside_the_charts_run_coordinator_defaults_are_refused() -> 
     """Issue 22: `queuedRunCoordinator: {}` clears none of the chart's defaults (helm merges values over them), so
     run limits under additionalInstanceConfig rendered beside `max_concurrent_runs: -1`, and Dagster refused the
     instance. The check (`make k8s-check`) says so, with Dagster's message."""
-    from batch_assets.k8s_check import DeploymentCheckError, load_instance_config
+    from batch_assets.commands.k8s_check import DeploymentCheckError, load_instance_config
     from tests.k8s import chart
 
     values = _values()

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets import k8s_check
+from batch_assets.commands import k8s_check
 from tests.conftest import K8S_GROUP, write_jsonl
 from tests.daemon_helpers import wait_for
 from tests.k8s.conftest import NAMESPACE, ROOT, chart_deployment, code_location, dequeue, launch
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(K8S_GROUP)]
 GPU_NODE = Node("gpu-1", cpu="8", memory="32Gi", gpus=1, labels={"batch.example.com/node-pool": "gpu"},
                 taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
 ROWS = 40
-DEFS = "from batch_assets.definitions import build_definitions, load_all_specs\n\ndefs = build_definitions(*load_all_specs())\n"
+DEFS = "from batch_assets.catalog import built_in\nfrom batch_assets.definitions import code_location\n\ndefs = code_location(built_in())\n"
 
 
 @pytest.fixture

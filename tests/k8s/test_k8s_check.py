@@ -1,5 +1,5 @@
-"""`make k8s-check` (batch_assets/k8s_check.py), step one of docs/deployment.md: the real chart rendered by the real
-helm with the values, the instance config loaded by this project's Dagster, every manifest and sample Jobs validated
+"""`make k8s-check` (batch_assets/commands/k8s_check.py), step one of docs/deployment.md: the real chart rendered by the
+real helm with the values, the instance config loaded by this project's Dagster, every manifest and sample Jobs validated
 (kubernetes-validate), every pod checked against PodSecurity `restricted`. And the air-gapped install path: a chart
 whose values schema `$ref`s an unreachable host fails `helm template`, `--skip-schema-validation` renders it."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batch_assets import k8s_check
+from batch_assets.commands import k8s_check
 from batch_assets.pod_security import restricted_violations
 from tests.conftest import free_port
 from tests.k8s.chart import CHART, ROOT, render, require_helm, values

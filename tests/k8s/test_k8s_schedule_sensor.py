@@ -29,9 +29,10 @@ UTC = dt.timezone.utc
 DAY_SMALL, DAY_BIG = "2026-11-03", "2026-11-04"
 
 DEFS = """
-from batch_assets.definitions import build_definitions, load_all_specs
+from batch_assets.catalog import built_in
+from batch_assets.definitions import code_location
 
-defs = build_definitions(*load_all_specs())
+defs = code_location(built_in())
 """
 
 

@@ -78,8 +78,8 @@ def test_schedule_sensor_and_cli_backfill_fire_under_dagster_dev(tmp_path: Path)
 def _documented_backfills() -> tuple[str, str]:
     from tests.test_docs_commands import documented_commands
 
-    commands = [c for page, c in documented_commands() if page == "docs/launch-paths.md" and " backfill " in c]
-    [asset_backfill] = [c for c in commands if "batch_assets.launch backfill" in c]
+    commands = [c for page, c in documented_commands() if page == "docs/launch-paths.md" and "backfill " in c]
+    [asset_backfill] = [c for c in commands if "batch_assets.commands.backfill" in c]
     [job_backfill] = [c for c in commands if "dagster job backfill" in c]
     return asset_backfill, job_backfill
 

@@ -44,7 +44,7 @@ def test_launch_path_commands_run_as_written(tmp_path: Path) -> None:
     env.update(DAGSTER_HOME=str(home), BATCH_STORAGE_ROOT=str(store))
 
     launches = [c for c in commands if c.startswith(".venv/bin/dg launch")]
-    backfills = [c for c in commands if " backfill " in c]
+    backfills = [c for c in commands if "backfill " in c]
     pools = [c for c in commands if c.startswith("dagster instance concurrency")]
     assert len(launches) == 2 and len(backfills) == 2 and len(pools) == 2
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batch_assets.definitions import PIPELINES_DIR
+from batch_assets.catalog import PIPELINES_DIR
 from batch_assets.partitions import hash_shard_keys, partitions_def_for
 from batch_assets.spec import PipelineSpec, parse_spec
 from batch_assets.resources.fields import Role, role

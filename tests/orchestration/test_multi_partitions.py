@@ -195,7 +195,7 @@ def test_day_by_app_partition_then_a_range_through_dg_launch(tmp_path: Path) -> 
 
 def _backfill(tmp_path: Path, backfill: dict[str, Any], days: tuple[str, ...]) -> tuple[list[dg.DagsterRun], Path]:
     """A backfill of `days` x both apps through the backfill daemon's own logic (as the UI or
-    `python -m batch_assets.launch backfill` records it): every partition published once, rows in = rows out."""
+    `python -m batch_assets.commands.backfill` records it): every partition published once, rows in = rows out."""
     from dagster._core.execution.backfill import PartitionBackfill
     from dagster._core.utils import make_new_backfill_id
     from dagster._time import get_current_timestamp

@@ -129,11 +129,12 @@ def test_slots_of_runs_that_are_gone_are_freed_and_a_live_holder_is_named(tmp_pa
         release_dead_slots(instance, pool, own_run_id="me", log=log)
         [held] = [r for r in records if "is held by" in r]
         assert held.startswith("WARNING") and alive.run_id in held and "b_job" in held
-        assert "python -m batch_assets.pools free" in held
+        assert "python -m batch_assets.commands.pools free" in held
 
 
 def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
-    """`python -m batch_assets.pools status` names who holds a slot; `free <run id>` frees it and marks the run
+    """`python -m batch_assets.commands.pools status` names who holds a slot; `free <run id>` frees it and marks the
+    run
     failed (what troubleshooting.md tells a user whose run waits on a holder from another machine)."""
     import os
     import subprocess
@@ -152,7 +153,7 @@ def test_the_pools_command_shows_and_frees_a_held_slot(tmp_path: Path) -> None:
         assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "a__inferred").is_claimed
 
     def pools(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.pools", *args], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.pools", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout

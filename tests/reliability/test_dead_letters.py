@@ -24,7 +24,7 @@ import yaml
 from batch_assets.errors import PipelineError
 from batch_assets.orchestration.factory import build_model_resource
 from batch_assets.reliability.dead_letters import dead_letter_url
-from batch_assets.retry_dead_letters import retry_partition
+from batch_assets.commands.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import read_output, run_pipeline, write_jsonl
@@ -83,7 +83,7 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
         env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT)}
         env.pop("DAGSTER_HOME", None)
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echoes", "a",
                                "--storage-root", str(store)], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -137,7 +137,7 @@ def test_retry_on_s3_records_its_materialization_and_keeps_what_still_fails(tmp_
         pipelines.mkdir()
         (pipelines / "echoes.yaml").write_text(yaml.safe_dump(raw))
         env = {**os.environ, "BATCH_PIPELINES_DIR": str(pipelines), "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(home)}
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echoes", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echoes", "a",
                                "--storage-root", store], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -231,9 +231,45 @@ def test_the_retry_command_finds_a_component_pipeline_in_the_users_project(tmp_p
 
         refused.clear()  # the policy changed: the refused rows are answered now
         env = {k: v for k, v in os.environ.items() if k not in ("BATCH_PIPELINES_DIR", "DAGSTER_HOME")}
-        proc = subprocess.run([sys.executable, "-m", "batch_assets.retry_dead_letters", "echo_component", "a",
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "echo_component", "a",
                                "--storage-root", str(store)], cwd=project, env={**env, "PYTHONPATH": str(project)},
                               capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "retried 2 rows, 0 still failed; 0 dead letters, 8 rows published" in proc.stdout
+    assert all(r["error"] is None for r in read_output(spec, store, "a").to_pylist())
+
+
+def test_the_retry_command_finds_a_component_pipeline_in_a_create_dagster_project(tmp_path: Path) -> None:
+    """Issue 27's bug 2: in a project laid out as `create-dagster project` makes it, whose definitions.py is a
+    `@dg.definitions` function (not a `Definitions` object), the documented command answered "unknown pipeline" for
+    the pipeline its defs.yaml declares. It finds it now, and retries only the refused rows."""
+    from tests.test_project_wiring import CREATE_DAGSTER_DEFINITIONS, _project
+
+    refused = {"Say row 1", "Say row 6"}
+
+    def script(key: str, attempt: int):
+        return Respond(400, {"error": {"message": "refused by the content policy"}}) if key in refused else Echo()
+
+    data, store = tmp_path / "data", tmp_path / "store"
+    write_jsonl(data / "a.jsonl", [{"doc_id": f"d{i}", "text": f"row {i}"} for i in range(8)])
+    project = _project(tmp_path / "shop")
+    (project / "src" / "shop" / "definitions.py").write_text(CREATE_DAGSTER_DEFINITIONS)
+    with FaultProxy(script) as proxy:
+        raw = {**_raw_spec(data, proxy.url, name="shop_echoes"), "runtime": {"chunk_rows": 4, "max_error_fraction": 0.5}}
+        folder = project / "src" / "shop" / "defs" / "shop_echoes"
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(yaml.safe_dump(
+            {"type": "batch_assets.components.BatchInferencePipeline", "attributes": raw}, sort_keys=False))
+        spec = parse_spec(raw)
+        assert run_pipeline(spec, store, ["a"]).success
+        assert {r["doc_id"] for r in read_output(spec, store, "a").to_pylist() if r["error"]} == {"d1", "d6"}
+
+        refused.clear()
+        env = {k: v for k, v in os.environ.items() if k not in ("BATCH_PIPELINES_DIR", "DAGSTER_HOME")}
+        proc = subprocess.run([sys.executable, "-m", "batch_assets.commands.retry_dead_letters", "shop_echoes", "a",
+                               "--storage-root", str(store)], cwd=project,
+                              env={**env, "PYTHONPATH": str(project / "src")}, capture_output=True, text=True,
+                              timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "retried 2 rows, 0 still failed; 0 dead letters, 8 rows published" in proc.stdout
     assert all(r["error"] is None for r in read_output(spec, store, "a").to_pylist())

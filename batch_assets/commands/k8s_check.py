@@ -1,4 +1,4 @@
-"""Check a Kubernetes deployment before it is installed: `make k8s-check` (python -m batch_assets.k8s_check).
+"""Check a Kubernetes deployment before it is installed: `make k8s-check` (python -m batch_assets.commands.k8s_check).
 
 It renders the real Dagster Helm chart with your values through a real `helm template`, then:
 1. loads the instance `dagster.yaml` the chart renders (ConfigMap `<release>-instance`) with this project's Dagster,
@@ -34,7 +34,7 @@ from batch_assets.orchestration.resource_policy import check_gpu_strategy, resou
 from batch_assets.pod_security import restricted_violations
 from batch_assets.spec import PipelineSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "k8s" / "values.yaml"
 RELEASE = "dagster"  # `helm upgrade --install dagster dagster/dagster` (docs/deployment.md)
 NAMESPACE = "batch"

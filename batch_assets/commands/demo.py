@@ -17,6 +17,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from batch_assets.catalog import built_in
+from batch_assets.components.pipeline import pipeline_definitions
 from batch_assets.storage import ArrowStorage
 
 # customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
@@ -29,7 +31,7 @@ DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry",
 SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
                    r"Loaded model|Generated sample|rows/s|\bETA\b|accuracy")
 # `make demo` runs in the checkout: its dagster.yaml, and `dg launch` from its pyproject.toml project.
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 EVENT = re.compile(r"^\S+ \S+ \S+ - dagster - \w+ - (?:\S+ - )?[0-9a-f-]{36} - (?:\d+ - )?(.*)$")
 
 
@@ -74,10 +76,8 @@ def _latest(name: str, stage: str) -> dict:
     return {k: getattr(v, "value", v) for k, v in md.items()}
 
 
-def _check_metadata(name: str) -> dict:
+def _check_metadata(name: str, defs: dg.Definitions) -> dict:
     """Metadata of the latest evaluation of every asset check of the pipeline (accuracy, where it has labels)."""
-    from batch_assets.definitions import defs  # importing it builds every pipeline: only once the demo needs them
-
     instance = dg.DagsterInstance.get()
     found: dict = {}
     for stage in ("inferred", "output"):
@@ -88,7 +88,7 @@ def _check_metadata(name: str) -> dict:
     return found
 
 
-def _summary(name: str, elapsed: float) -> None:
+def _summary(name: str, elapsed: float, defs: dg.Definitions) -> None:
     inferred, output = _latest(name, "inferred"), _latest(name, "output")
     # Metadata is per partition; a run over several partitions also records run-wide totals (run_rows_out).
     rows = output.get("run_rows_out", output.get("dagster/row_count", output.get("rows_out")))
@@ -98,7 +98,7 @@ def _summary(name: str, elapsed: float) -> None:
         parts.append(f"{inferred['rows_with_errors']} row errors")
     if "cost_usd" in inferred:
         parts.append(f"est. cost ${inferred['cost_usd']}")
-    accuracy = _check_metadata(name).get("accuracy")
+    accuracy = _check_metadata(name, defs).get("accuracy")
     if accuracy is not None:
         parts.append(f"accuracy {float(accuracy):.0%} on the labelled sample")
     print(f"  {name} ({elapsed:.0f}s): " + ", ".join(parts))
@@ -123,21 +123,20 @@ def main() -> None:
     home = _dagster_home()
     log_dir = home / "demo-logs"
     log_dir.mkdir(exist_ok=True)
-    print("==> Loading the pipeline definitions (batch_assets.definitions)", flush=True)
-    from batch_assets.definitions import defs  # importing it builds every pipeline: after the line above says so
-
-    known = {key.path[0] for key in defs.resolve_all_asset_keys()}
-    pipelines = [name for name in DEMO_PIPELINES if name in known]
+    print("==> Loading the example pipelines (batch_assets/catalog.py)", flush=True)
+    catalog = built_in()
+    # only the demo's pipelines are built: their partitions to launch, their checks to report
+    defs = {name: pipeline_definitions(catalog.get(name)) for name in DEMO_PIPELINES if name in catalog.names()}
     total = time.perf_counter()
     timings = {}
-    for i, name in enumerate(pipelines, 1):
-        asset = defs.resolve_assets_def(dg.AssetKey([name, "raw"]))
+    for i, (name, built) in enumerate(defs.items(), 1):
+        asset = built.resolve_assets_def(dg.AssetKey([name, "raw"]))
         keys = asset.partitions_def.get_partition_keys()
-        timings[name] = _launch(name, keys, log_dir, f"[{i}/{len(pipelines)}]")
+        timings[name] = _launch(name, keys, log_dir, f"[{i}/{len(defs)}]")
     print("\n==> Summary (from each run's materialization metadata)")
-    for name in pipelines:
-        _summary(name, timings[name])
-    if "document_search" in pipelines:
+    for name, built in defs.items():
+        _summary(name, timings[name], built)
+    if "document_search" in defs:
         _nearest_documents("a rocket went up to look at the stars")
     print(f"\nAll done in {time.perf_counter() - total:.0f}s. Dagster instance: {home}")
     print("Open the UI to see the assets, runs, metadata and checks:  make ui   (then http://127.0.0.1:3000)")

@@ -1,5 +1,5 @@
-"""`python -m batch_assets.pools status [pool]` / `free <run id>`: who holds the Dagster pools' slots, and freeing
-the slots of a run that is gone. What the pools are and how the infer step takes its slot:
+"""`python -m batch_assets.commands.pools status [pool]` / `free <run id>`: who holds the Dagster pools' slots, and
+freeing the slots of a run that is gone. What the pools are and how the infer step takes its slot:
 batch_assets/orchestration/pools.py."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from batch_assets.orchestration.pools import free_run_slots
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m batch_assets.pools status [pool]` lists who holds each pool's slots; `free <run id>` frees the
-    slots of a run that is gone (marking it failed)."""
-    parser = argparse.ArgumentParser(prog="python -m batch_assets.pools", description=main.__doc__)
+    """`python -m batch_assets.commands.pools status [pool]` lists who holds each pool's slots; `free <run id>` frees
+    the slots of a run that is gone (marking it failed)."""
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.commands.pools", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="who holds the slots of each pool")
     status.add_argument("pool", nargs="?")
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     with dg.DagsterInstance.get() as instance:
         if args.command == "free":
             free_run_slots(instance, args.run_id, "Marked failed and its pool slots freed by "
-                                                  "`python -m batch_assets.pools free`.")
+                                                  "`python -m batch_assets.commands.pools free`.")
             print(f"Freed the pool slots of run {args.run_id}.")
             return 0
         pools = [args.pool] if args.pool else sorted(instance.event_log_storage.get_concurrency_keys())

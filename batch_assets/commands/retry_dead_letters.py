@@ -1,11 +1,12 @@
-"""Retry a partition's dead letters: `python -m batch_assets.retry_dead_letters PIPELINE PARTITION`.
+"""Retry a partition's dead letters: `python -m batch_assets.commands.retry_dead_letters PIPELINE PARTITION`.
 
 Only the rows that failed (and whose input is not empty) go to the model again; good rows are kept as they are, and
 the output and its dead letters are republished atomically (see batch_assets.reliability.dead_letters). The model
 resource is built from the pipeline's spec exactly as Dagster builds it, `{env: NAME}` secrets included. With
 DAGSTER_HOME set, the new output is recorded as a materialization of `<pipeline>/output` for the partition. The
-pipeline is looked up among every pipeline of the code location, loaded as Dagster loads it (run it from the project's
-folder, or name the module with `-m`): spec files and pipelines declared as Dagster Components alike.
+pipeline is looked up in the catalog of the project's code location (batch_assets/catalog.py; run it from the
+project's folder, or name the module with `-m`): spec files and pipelines declared as Dagster Components alike, read
+without building any pipeline; one declared in Python is found by loading the code location as Dagster does.
 
 The retried rows go through the infer stage's own loop (`batch_assets.stages.infer.infer_rows`): checkpointed chunk by
 chunk under `<root>/<pipeline>/_staging/retry/<partition>` (a retry stopped half-way resumes after its committed
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tomllib
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +29,9 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batch_assets.catalog import DEFAULT_MODULE, UnknownPipelineError, for_project
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration.factory import build_model_resource, pipeline_specs
+from batch_assets.orchestration.factory import build_model_resource
 from batch_assets.reliability.cache import ResponseCache, cached
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
 from batch_assets.reliability.locks import partition_lock
@@ -41,7 +42,6 @@ from batch_assets.storage import (ArrowStorage, filesystem_for, join, parquet_sc
                                   write_parquet)
 from batch_assets.tasks import task_for
 
-DEFAULT_MODULE = "batch_assets.definitions"
 RETRY_STAGE = "retry"  # the retry's checkpoints: <root>/<pipeline>/_staging/retry/<partition>/
 
 
@@ -119,34 +119,9 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
             "dead_letters": int(report.extra["dead_letters"]), "rows": report.rows_out}
 
 
-def code_location_module(where: Path) -> str:
-    """The module Dagster loads the code location from: the project's `[tool.dg.project]` in the nearest
-    pyproject.toml (`code_location_target_module`, else `<root_module>.definitions`), else this package's."""
-    for folder in (where, *where.parents):
-        pyproject = folder / "pyproject.toml"
-        if pyproject.is_file():
-            project = tomllib.loads(pyproject.read_text()).get("tool", {}).get("dg", {}).get("project", {})
-            if project.get("code_location_target_module"):
-                return str(project["code_location_target_module"])
-            if project.get("root_module"):
-                return f"{project['root_module']}.definitions"
-    return DEFAULT_MODULE
-
-
-def code_location_specs(module: str, working_directory: Path) -> list[PipelineSpec]:
-    """Every pipeline of the code location, spec files and Dagster Components alike: the module's Definitions,
-    found by Dagster's own loader (what `dagster dev -m` and `dg` load), each pipeline read back from them."""
-    from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
-
-    specs: list[PipelineSpec] = []
-    for target in loadable_targets_from_python_module(module, working_directory=str(working_directory)):
-        if isinstance(target.target_definition, dg.Definitions):
-            specs += pipeline_specs(target.target_definition)
-    return specs
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batch_assets.retry_dead_letters", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.commands.retry_dead_letters",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("pipeline")
     parser.add_argument("partition")
     parser.add_argument("--storage-root", default="", help="default: $BATCH_STORAGE_ROOT, else data/storage; a "
@@ -156,11 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"else {DEFAULT_MODULE})")
     args = parser.parse_args(argv)
 
-    where = Path.cwd()
-    specs = code_location_specs(args.module or code_location_module(where), where)
-    spec = next((s for s in specs if s.name == args.pipeline), None)
-    if spec is None:
-        print(f"unknown pipeline {args.pipeline!r}; known: {', '.join(sorted(s.name for s in specs))}", file=sys.stderr)
+    try:
+        spec = for_project(Path.cwd(), args.module).get(args.pipeline)
+    except UnknownPipelineError as exc:
+        print(exc, file=sys.stderr)
         return 2
     storage = ArrowStorage(root=args.storage_root)
     with dg.build_resources({"model": build_model_resource(spec)}) as resources:
@@ -171,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("DAGSTER_HOME"):
         dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization(
             asset_key=dg.AssetKey([spec.name, "output"]), partition=args.partition,
-            description="dead letters retried (python -m batch_assets.retry_dead_letters)",
+            description="dead letters retried (python -m batch_assets.commands.retry_dead_letters)",
             metadata={k: dg.MetadataValue.int(v) for k, v in outcome.items()},
         ))
     return 0
