@@ -35,7 +35,7 @@ from batch_assets.orchestration.progress import PartitionProgress
 from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.stopping import stoppable
 from batch_assets.orchestration.upstream import upstream_dep
-from batch_assets.orchestration.sample_data import ensure_sample
+from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
 from batch_assets.reliability.locks import partition_lock
@@ -385,9 +385,10 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def raw(context) -> dg.MaterializeResult:
         storage: ArrowStorage = getattr(context.resources, STORAGE_KEY)
         _free_dead_pool_slots(context, spec)
-        made = ensure_sample(spec, context.partition_keys)
-        if made:
-            context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
+        if spec.source.sample:  # a demo pipeline's data, written once where none is (batch_assets/sample_data.py)
+            made = ensure_sample(spec, context.partition_keys)
+            if made:
+                context.log.info(f"Generated sample data ({spec.source.sample}) into {len(made)} files")
         def one(key: str) -> PartitionReport:
             report = run_read(spec, storage, key)
             report.preview = preview_of(report.path, spec.source.columns[:8])

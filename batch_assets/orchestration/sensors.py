@@ -43,7 +43,7 @@ from batch_assets.orchestration import claims, lineage
 from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.lineage import file_modified
-from batch_assets.orchestration.sample_data import ensure_sample
+from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
 from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
 from batch_assets.stages.sources.versions import content_version
@@ -176,9 +176,10 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     assert cfg is not None
     storage = storage or ArrowStorage()
     pdef = partitions_def_for(spec)
-    made = ensure_sample(spec)  # sample pipelines: the demo's files appear on the first tick of a fresh clone
-    if made:
-        context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
+    if spec.source.sample:  # a demo pipeline: its files appear on the first tick of a fresh clone, where none are
+        made = ensure_sample(spec)
+        if made:
+            context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
     seen = decode_cursor(context.cursor)
     listing = list_source_files(spec)
     complete = ready_files(spec, listing, time.time())
