@@ -24,7 +24,7 @@ DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry",
 # One process per run: the model loads once and no step pays a fresh interpreter (the default multiprocess
 # executor starts one per step, ~3 s each before user code runs).
 # No --config-json: the code location's default executor is already in-process (BATCH_EXECUTOR, see
-# batch_assets/orchestration/executors.py), and in-process takes no executor selector config.
+# batch_assets/orchestration/execution/executors.py), and in-process takes no executor selector config.
 # Lines of dagster's run log worth showing live; the full log goes to a file.
 SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
                    r"Loaded model|Generated sample|rows/s|\bETA\b|accuracy")

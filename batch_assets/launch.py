@@ -16,7 +16,7 @@ import sys
 
 import dagster as dg
 
-from batch_assets.orchestration.lineage import FORCE, RERUN_TAG
+from batch_assets.orchestration.assets.lineage import FORCE, RERUN_TAG
 
 STAGES = ("raw", "prepared", "inferred", "output")
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration.factory import build_model_resource, pipeline_specs
+from batch_assets.orchestration.assets.factory import build_model_resource, pipeline_specs
 from batch_assets.reliability.cache import ResponseCache, cached
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
 from batch_assets.reliability.locks import partition_lock

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_assets
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_assets
 from batch_assets.partitions import hash_shard_keys
 from batch_assets.spec import PipelineSpec, parse_spec
 from batch_assets.storage import ArrowStorage

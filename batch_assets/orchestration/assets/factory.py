@@ -25,16 +25,16 @@ from typing import Any, NoReturn
 import dagster as dg
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration import evaluation, lineage
-from batch_assets.orchestration.automation import automation_condition
-from batch_assets.orchestration.checks import blocking_check_results, blocking_check_specs
-from batch_assets.orchestration.lineage import stage_code_version
-from batch_assets.orchestration.overlap import partition_window_rows, run_overlapped
-from batch_assets.orchestration.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
-from batch_assets.orchestration.progress import PartitionProgress
-from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
-from batch_assets.orchestration.stopping import stoppable
-from batch_assets.orchestration.upstream import upstream_dep
+from batch_assets.orchestration.assets import evaluation, lineage
+from batch_assets.orchestration.assets.automation import automation_condition
+from batch_assets.orchestration.assets.checks import blocking_check_results, blocking_check_specs
+from batch_assets.orchestration.assets.lineage import stage_code_version
+from batch_assets.orchestration.execution.overlap import partition_window_rows, run_overlapped
+from batch_assets.orchestration.execution.pools import host_pool_slot, infer_pool, record_infer_process, release_dead_slots
+from batch_assets.orchestration.assets.progress import PartitionProgress
+from batch_assets.orchestration.execution.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+from batch_assets.orchestration.execution.stopping import stoppable
+from batch_assets.orchestration.assets.upstream import upstream_dep
 from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
@@ -105,7 +105,7 @@ def run_partitions(
     worker loss) fails the step normally, so the step's RetryPolicy retries it with backoff.
 
     `window_rows` > 0 (the infer stage of a provider with a shared request gate): partitions overlap, the next one
-    starting while the unfinished ones hold fewer rows (`rows_of`) than that (batch_assets/orchestration/overlap.py);
+    starting while the unfinished ones hold fewer rows (`rows_of`) than that (batch_assets/orchestration/execution/overlap.py);
     partitions running when one fails are finished and recorded too.
     """
     reports: list[PartitionReport] = []
@@ -197,7 +197,7 @@ def _skip_or_run(context: dg.AssetExecutionContext, spec: PipelineSpec, storage:
 
 def _free_dead_pool_slots(context: dg.AssetExecutionContext, spec: PipelineSpec) -> None:
     """Before the infer step asks for its pool slot: free slots held by runs that are gone (a killed CLI run's
-    slot is never freed otherwise) and say who holds a slot this run will wait for (batch_assets/orchestration/pools.py)."""
+    slot is never freed otherwise) and say who holds a slot this run will wait for (batch_assets/orchestration/execution/pools.py)."""
     pool = infer_pool(spec)
     if pool:
         release_dead_slots(context.instance, pool, own_run_id=context.run_id, log=context.log)
@@ -346,11 +346,11 @@ def _stage_asset(
     pool: str | None = None,
     stops: str | None = None,
 ):
-    """The asset decorator of one stage; its body runs under `stop_means_stop` (orchestration/stopping.py): a
+    """The asset decorator of one stage; its body runs under `stop_means_stop` (orchestration/execution/stopping.py): a
     Terminate, SIGTERM or Ctrl-C stops it (and the model resource `stops`), never retried."""
     if stage != "raw":
         deps = [dg.AssetKey([spec.name, STAGES[STAGES.index(stage) - 1]])]
-    else:  # source.asset: the user's asset that writes the source files (orchestration/upstream.py)
+    else:  # source.asset: the user's asset that writes the source files (orchestration/assets/upstream.py)
         deps = [dep] if (dep := upstream_dep(spec)) is not None else []
     asset = dg.asset(
         key=dg.AssetKey([spec.name, stage]),
@@ -362,7 +362,7 @@ def _stage_asset(
         backfill_policy=backfill_policy(spec),
         retry_policy=step_retry_policy(spec),
         code_version=stage_code_version(spec, stage),
-        automation_condition=automation_condition(spec, stage),  # spec `automation:`; None without (batch_assets/orchestration/automation.py)
+        automation_condition=automation_condition(spec, stage),  # spec `automation:`; None without (batch_assets/orchestration/assets/automation.py)
         required_resource_keys=required,
         check_specs=check_specs,
         op_tags=op_tags,

@@ -19,7 +19,7 @@ import difflib
 
 import dagster as dg
 
-from batch_assets.orchestration.lineage import STAGES
+from batch_assets.orchestration.assets.lineage import STAGES
 from batch_assets.spec import PipelineSpec
 
 

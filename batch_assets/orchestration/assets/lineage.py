@@ -6,7 +6,7 @@ After a stage commits a partition it leaves a small record beside the data,
 file whose bytes did not change keeps its version whatever its mtime; the sensor keeps the same per-file versions
 in its cursor, and the raw asset reports the digest as its data version) and the stage's **code version** (a digest
 of every spec section the stage's output depends on, upstream stages' sections included:
-batch_assets/orchestration/factory.py `stage_code_version`).
+batch_assets/orchestration/assets/factory.py `stage_code_version`).
 
 Records written before versions were by content hold the old digest (mtime or ETag, and size: `legacy_version`).
 A record that matches it, while the file is unchanged, is taken as made from today's content and rewritten with the

@@ -27,7 +27,7 @@ partition is requested at every stage at once and the sensor launches it as one 
 
 Dagster's conditions know only what the instance has seen materialized, not whether a partition was already made
 from the same source file and spec elsewhere (a CLI run against another instance, a rewritten file). That is
-what the lineage records are for (batch_assets/orchestration/lineage.py): a run the automation sensor launches for a partition
+what the lineage records are for (batch_assets/orchestration/assets/lineage.py): a run the automation sensor launches for a partition
 already made from the same source and spec skips every stage, without a model call, like any other launch path.
 """
 

@@ -1,6 +1,6 @@
 """Per-partition resources of the infer step: spec policy + partition keys -> what the step's pod asks for.
 
-Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/orchestration/k8s_executor.py` calls
+Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/orchestration/execution/k8s_executor.py` calls
 `resources_for_keys` for each infer step it launches and merges the result into that step's Kubernetes Job.
 
 One partition's resources: the policy default, then every `by_size` rule the partition reaches (sizes read from the

@@ -39,10 +39,11 @@ from typing import Any
 import dagster as dg
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration import claims, lineage
-from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.lineage import file_modified
+from batch_assets.orchestration.assets import lineage
+from batch_assets.orchestration.launch import claims
+from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.assets.lineage import file_modified
 from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
 from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
