@@ -17,6 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from batch_assets.stage_names import INFER, READ, WRITE
 from batch_assets.storage import ArrowStorage
 
 # customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
@@ -80,7 +81,7 @@ def _check_metadata(name: str) -> dict:
 
     instance = dg.DagsterInstance.get()
     found: dict = {}
-    for stage in ("inferred", "output"):
+    for stage in (INFER.asset, WRITE.asset):
         for spec in defs.resolve_assets_def(dg.AssetKey([name, stage])).check_specs:
             for record in instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1):
                 data = record.event.dagster_event.event_specific_data if record.event else None
@@ -89,7 +90,7 @@ def _check_metadata(name: str) -> dict:
 
 
 def _summary(name: str, elapsed: float) -> None:
-    inferred, output = _latest(name, "inferred"), _latest(name, "output")
+    inferred, output = _latest(name, INFER.asset), _latest(name, WRITE.asset)
     # Metadata is per partition; a run over several partitions also records run-wide totals (run_rows_out).
     rows = output.get("run_rows_out", output.get("dagster/row_count", output.get("rows_out")))
     parts = [f"{rows} rows",
@@ -131,7 +132,7 @@ def main() -> None:
     total = time.perf_counter()
     timings = {}
     for i, name in enumerate(pipelines, 1):
-        asset = defs.resolve_assets_def(dg.AssetKey([name, "raw"]))
+        asset = defs.resolve_assets_def(dg.AssetKey([name, READ.asset]))
         keys = asset.partitions_def.get_partition_keys()
         timings[name] = _launch(name, keys, log_dir, f"[{i}/{len(pipelines)}]")
     print("\n==> Summary (from each run's materialization metadata)")

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from batch_assets import tasks
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import INFER
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ _LOOP_SOURCES = sorted(str(p) for p in Path(tasks.__file__).parent.glob("*.py"))
 SECRET_WORDS = ("key", "token", "secret", "password", "credential", "auth")
 
 
-def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> str:
+def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = INFER.asset) -> str:
     return join(storage.resolved_root(), pipeline, "_staging", stage, urllib.parse.quote(partition, safe="-_.="))
 
 
@@ -130,7 +131,7 @@ class ChunkCheckpoint:
     """The committed chunks of one partition's inference under one fingerprint (`stage` "retry": of the retry of
     its dead letters, kept apart from the partition's own chunks)."""
 
-    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = "inferred"):
+    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = INFER.asset):
         self.partition_url = staging_url(storage, spec.name, partition, stage)
         self.url = join(self.partition_url, fp)
         self.fingerprint = fp
@@ -202,7 +203,7 @@ class ChunkCheckpoint:
         return table
 
 
-def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> None:
+def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str, stage: str = INFER.asset) -> None:
     """After publish: the partition's staged chunks are no longer needed."""
     fs, path = filesystem_for(staging_url(storage, pipeline, partition, stage))
     if fs.exists(path):

@@ -30,6 +30,7 @@ from batch_assets.partitions import (
 )
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import READ
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
 from batch_assets.stages.sources.types import READ_ERROR_COLUMN, conform, target_schema
@@ -150,7 +151,7 @@ def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionRe
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
     start = time.perf_counter()
     part = resolve_partition(spec, key)
-    url = storage.stage_url(spec.name, "raw", key)
+    url = storage.stage_url(spec.name, READ.asset, key)
     duplicates = None
     while True:  # twice at most: a second read only when the first found ids the policy drops
         scanned = [0]
@@ -207,7 +208,7 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
     index = {k: hash_shard_keys(count).index(k) for k in keys}
     files = resolve_partition(spec, keys[0]).files
     scope = PartitionSlice(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", files)
-    urls = {k: storage.stage_url(spec.name, "raw", k) for k in keys}
+    urls = {k: storage.stage_url(spec.name, READ.asset, k) for k in keys}
     duplicates: dict[str, Duplicates] | None = None
     while True:  # twice at most, as in `run_read`
         source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them

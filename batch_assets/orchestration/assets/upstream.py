@@ -19,8 +19,8 @@ import difflib
 
 import dagster as dg
 
-from batch_assets.orchestration.assets.lineage import STAGES
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import READ
 
 
 def upstream_key(spec: PipelineSpec) -> dg.AssetKey | None:
@@ -106,7 +106,7 @@ def upstream_problems(defs: dg.Definitions, specs: list[PipelineSpec]) -> tuple[
                             "of your workspace defines it, nothing will ever run it; name an asset your Definitions "
                             "define, its key parts joined by '/'")
             continue
-        mine = graph.get(dg.AssetKey([spec.name, STAGES[0]])).partitions_def
+        mine = graph.get(dg.AssetKey([spec.name, READ.asset])).partitions_def
         problem = mapping_problem(spec, node.partitions_def, mine)
         if problem:
             problems.append(f"{where}: {problem}")

@@ -47,6 +47,7 @@ from batch_assets.orchestration.assets.lineage import file_modified
 from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
 from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
+from batch_assets.stage_names import ASSET_NAMES
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, filesystem_for
 
@@ -310,7 +311,7 @@ def adoption_events(spec: PipelineSpec, storage: ArrowStorage, instance: dg.Dags
     """Materializations for adopted partitions the instance has never seen materialized (outputs made under
     another instance, or before the pipeline had a sensor), so the UI shows them as done, made by whom."""
     events = []
-    for stage in lineage.STAGES:
+    for stage in ASSET_NAMES:
         asset_key = dg.AssetKey([spec.name, stage])
         missing = [k for k in adopted if k not in instance.get_materialized_partitions(asset_key)]
         for key in missing:
