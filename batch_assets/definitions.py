@@ -35,7 +35,7 @@ import batch_assets.defs as component_defs_package
 from batch_assets.orchestration.execution.executors import local_executor
 from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions, pipeline_specs
 from batch_assets.orchestration.launch.paths import launch_definitions
-from batch_assets.orchestration.assets.upstream_checks import check_upstream_sources
+from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor

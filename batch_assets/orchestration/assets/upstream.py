@@ -8,7 +8,7 @@ to do.
 
 What the spec alone cannot know, the whole code location can: `upstream_problems` checks that the key is an asset
 of the code location and that its partitions map onto the pipeline's. `check_upstream_sources`
-(upstream_checks.py) runs it on a code location's Definitions (batch_assets/definitions.py on the product's own),
+(orchestration/upstream_checks.py) runs it on a code location's Definitions (batch_assets/definitions.py on the product's own),
 before Dagster would stop at the first mapping it cannot use with a message that names neither the pipeline nor
 the fix.
 """
