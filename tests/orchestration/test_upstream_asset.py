@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from batch_assets.orchestration.assets.upstream_checks import UpstreamAssetWarning, check_upstream_sources
+from batch_assets.orchestration.upstream_checks import UpstreamAssetWarning, check_upstream_sources
 from batch_assets.orchestration.assets.automation import automation_sensor_name
 from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
 from batch_assets.orchestration.launch.paths import launch_definitions

@@ -29,7 +29,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from batch_assets.orchestration.assets.upstream_checks import check_upstream_sources
+from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
 from batch_assets.orchestration.launch.paths import launch_definitions
 from batch_assets.spec import parse_spec
