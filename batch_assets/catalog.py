@@ -25,7 +25,7 @@ import dagster as dg
 
 import batch_assets.defs as built_in_defs_package
 from batch_assets.components.pipeline import BatchInferencePipeline
-from batch_assets.orchestration.factory import pipeline_specs
+from batch_assets.orchestration.assets.factory import pipeline_specs
 from batch_assets.spec import PipelineSpec, SpecError, load_spec
 
 PIPELINES_DIR = Path(__file__).parent / "pipelines"

@@ -4,7 +4,7 @@ files in batch_assets/pipelines/*.yaml and the pipelines declared as Dagster Com
 
 Set BATCH_PIPELINES_DIR to load specs from another folder (os.pathsep-separated for several) instead of both
 built-in places (tests and deployments that bring their own pipelines). BATCH_EXECUTOR chooses the local
-executor (batch_assets/orchestration/executors.py).
+executor (batch_assets/orchestration/execution/executors.py).
 
 Each spec is loaded and built on its own: a broken spec (invalid YAML or fields, a duplicate name, a source that
 cannot be listed at load) does not take the other pipelines down with it. It is reported as a definitions-load
@@ -14,7 +14,7 @@ defs` (and `dagster definitions validate`, which set DAGSTER_IS_DEFS_VALIDATION_
 instead, listing every broken file and its error, so the command exits non-zero and a CI gate catches it.
 
 Set BATCH_EXECUTOR=k8s to run every step as a Kubernetes Job, infer steps sized per partition
-(batch_assets/orchestration/k8s_executor.py, docs/deployment.md).
+(batch_assets/orchestration/execution/k8s_executor.py, docs/deployment.md).
 
 These definitions merge into a user's own Dagster project (`dg.Definitions.merge`): the storage resource is the one
 object every pipeline Component brings too, and the built-in Components load from the package itself, with or
@@ -33,9 +33,9 @@ import dagster as dg
 
 from batch_assets.catalog import (COMPONENTS_DIR, BrokenSpec, PipelineCatalog, built_in, built_in_component_tree,
                                   load_error)
-from batch_assets.orchestration.executors import local_executor
 from batch_assets.components.pipeline import pipeline_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY, pipeline_specs
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, pipeline_specs
+from batch_assets.orchestration.execution.executors import local_executor
 from batch_assets.orchestration.upstream_checks import check_upstream_sources
 from batch_assets.resources.errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError
@@ -114,13 +114,14 @@ def build_definitions(specs: list[PipelineSpec], broken: list[BrokenSpec] | None
 
 def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definitions:
     """The product's executor as Definitions to merge: what $BATCH_EXECUTOR chooses (in_process by default: a run
-    loads its model once; batch_assets/orchestration/executors.py), or with BATCH_EXECUTOR=k8s one Kubernetes Job per
+    loads its model once; batch_assets/orchestration/execution/executors.py), or with BATCH_EXECUTOR=k8s one Kubernetes Job per
     step, infer steps sized for the pipelines in `pipelines`. The pipeline Components bring no executor (a project
     has one executor, and its own wins); a project that wants this one merges it in its definitions.py
     (docs/adding-a-pipeline.md)."""
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
         try:
-            from batch_assets.orchestration.k8s_executor import batch_k8s_executor  # dagster-k8s and its client: heavy
+            # dagster-k8s and its client: heavy
+            from batch_assets.orchestration.execution.k8s_executor import batch_k8s_executor
         except ImportError as exc:
             raise MissingExtraError("dagster-k8s", "k8s", "BATCH_EXECUTOR=k8s (one Kubernetes Job per step)") from exc
 
@@ -128,7 +129,7 @@ def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definiti
         # refused when the code location loads, before any run: the same check every step makes at run time
         check_root_for_executor(os.environ.get("BATCH_STORAGE_ROOT") or DEFAULT_STORAGE_ROOT)
     else:
-        executor = local_executor()  # in_process by default; see batch_assets/orchestration/executors.py
+        executor = local_executor()  # in_process by default; see batch_assets/orchestration/execution/executors.py
     return dg.Definitions(executor=executor)
 
 

@@ -2,7 +2,7 @@
 
 A spec is a YAML file in batch_assets/pipelines/, or the attributes of a Dagster Component (`BatchInferencePipeline`,
 batch_assets/components/pipeline.py, whose attribute model is this PipelineSpec); either way it is validated by
-pydantic (typed, with field paths in every error) and turned into Dagster assets by orchestration/factory.py. The
+pydantic (typed, with field paths in every error) and turned into Dagster assets by orchestration/assets/factory.py. The
 spec itself stays a plain pydantic model, readable outside a Dagster process (the demo driver, benchmarks, tests),
 and its validators cross-check fields (template columns against source columns, task against provider capability,
 sink and source formats against their registries) at definition load.
@@ -537,7 +537,7 @@ class RuntimeSpec(_Strict):
         default=None,
         description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
         "per external endpoint ('endpoint:<host>'), 'gpu' when any partition asks for a GPU, else none "
-        "(batch_assets/orchestration/pools.py).",
+        "(batch_assets/orchestration/execution/pools.py).",
     )
     progress_every_s: float = Field(
         default=10.0,
@@ -579,7 +579,7 @@ class BackfillSpec(_Strict):
 
 class ScheduleSpec(_Strict):
     """daily partitioning (or multi with a daily dimension: every key of the other dimension) only: each tick
-    materializes the newest complete day (see batch_assets/orchestration/schedules.py)."""
+    materializes the newest complete day (see batch_assets/orchestration/launch/schedules.py)."""
 
     cron: str = Field(default="30 1 * * *", description="When ticks fire, a cron string (default 01:30 daily).")
     timezone: str | None = Field(default=None, description="Timezone of the cron (default: partitioning.timezone).")
@@ -588,7 +588,7 @@ class ScheduleSpec(_Strict):
 
 
 class SensorSpec(_Strict):
-    """Watch source.path ({partition} as the wildcard) for new or rewritten files (see batch_assets/orchestration/sensors.py)."""
+    """Watch source.path ({partition} as the wildcard) for new or rewritten files (see batch_assets/orchestration/launch/sensors.py)."""
 
     ready: Literal["min_age", "marker"] = Field(
         default="min_age",
@@ -610,7 +610,7 @@ class SensorSpec(_Strict):
 
 
 class AutomationSpec(_Strict):
-    """Dagster's declarative automation on the pipeline's four assets (see batch_assets/orchestration/automation.py): an
+    """Dagster's declarative automation on the pipeline's four assets (see batch_assets/orchestration/assets/automation.py): an
     automation sensor evaluates the condition and launches what it asks for. Lineage records still make every run
     skip a partition already made from the same source and spec, so a requested run never pays twice."""
 
@@ -644,7 +644,7 @@ class RetrySpec(_Strict):
 class PipelineSpec(_Strict):
     # source.path / sink.path as the spec file wrote them, before anchor_local_paths made them absolute: the
     # stages' code versions digest these, so moving the project (or upgrading from before paths were anchored)
-    # does not make every published partition stale and paid for again (orchestration/lineage.py).
+    # does not make every published partition stale and paid for again (orchestration/assets/lineage.py).
     _written_paths: dict[str, str] = PrivateAttr(default_factory=dict)  # anchored path -> as written
 
     name: str = Field(description="Identifier: lower case, digits and underscores.")
@@ -1032,7 +1032,7 @@ ASSET_KEY_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
 
 def _upstream_asset_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     """source.asset: a key Dagster accepts, partitions that can map one to one, and one launcher. Whether the key
-    exists and its partitions match are known only with the whole code location: orchestration/upstream.py."""
+    exists and its partitions match are known only with the whole code location: orchestration/assets/upstream.py."""
     asset, part = spec.source.asset, spec.partitioning
     if asset is None:
         return []

@@ -27,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import Field
 
 from batch_assets.errors import PipelineError
+from batch_assets.stage_names import WRITE
 from batch_assets.resources.errors import MissingExtraError
 
 DEFAULT_STORAGE_ROOT = "data/storage"
@@ -361,7 +362,7 @@ class ArrowStorage(dg.ConfigurableResource):
         return join(self.resolved_root(), pipeline, stage, partition_file_name(partition, "parquet"))
 
     def default_sink(self, pipeline: str) -> str:
-        return join(self.resolved_root(), pipeline, "output")
+        return join(self.resolved_root(), pipeline, WRITE.asset)
 
 
 # The storage resource every pipeline's assets require, as one object: each pipeline Component and the product's own

@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from batch_assets.orchestration import factory
+    from batch_assets.orchestration.assets import factory
     from batch_assets.partitions import hash_shard_keys
     from batch_assets.spec import parse_spec
     from batch_assets.stages import prepare, read, write

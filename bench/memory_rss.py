@@ -57,7 +57,7 @@ def child(data: str, store: str, trace: bool) -> None:
 
     import dagster as dg
 
-    from batch_assets.orchestration.factory import build_model_resource
+    from batch_assets.orchestration.assets.factory import build_model_resource
     from batch_assets.spec import parse_spec
     from batch_assets.stages.infer import InferStats, run_infer
     from batch_assets.stages.prepare import run_prepare

@@ -4,7 +4,7 @@ checked). The figures in docs/structured-outputs.md come from this script.
 
     .venv/bin/python bench/structured_parse_rate.py [--rows 100] [--llama-url http://127.0.0.1:PORT/v1]
 
-Rows: the first N companies of the `customers` sample (batch_assets/orchestration/sample_data.py, seed 0), temperature
+Rows: the first N companies of the `customers` sample (batch_assets/sample_data.py, seed 0), temperature
 0. Three schemas: `industry` (one enum field, the customer_industry task written as a JSON schema), `enrichment`
 (typed columns as a user enriches companies: an enum, a capped string, an unanchored pattern, a bounded integer)
 and `enrichment_anchored` (the same, its pattern written ^...$).
@@ -100,7 +100,7 @@ def _extra_keys(text: str, schema: dict[str, Any]) -> bool:
 
 
 def main() -> None:
-    from batch_assets.orchestration.sample_data import _customers
+    from batch_assets.sample_data import _customers
     from batch_assets.resources.openai_api.payloads import plan_request
     from batch_assets.resources.protocols import GenerationParams
     from batch_assets.resources.structured import StructuredOutput, validate_output

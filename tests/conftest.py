@@ -369,7 +369,7 @@ def pipeline_definitions(spec: PipelineSpec, root: Path | str):
     """The pipeline's Definitions with its storage rooted at `root`."""
     import dagster as dg
 
-    from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
+    from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
     from batch_assets.storage import ArrowStorage
 
     return dg.Definitions.merge(

@@ -29,8 +29,8 @@ T = TypeVar("T")
 DEFS_TEMPLATE = '''
 import dagster as dg
 
-from batch_assets.orchestration.launch import launch_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.launch.paths import launch_definitions
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
 from batch_assets.spec import load_spec
 from batch_assets.storage import ArrowStorage
 

@@ -87,7 +87,7 @@ def test_a_pipeline_declared_in_python_is_found_through_the_code_location(
 
         import dagster as dg
 
-        from batch_assets.orchestration.factory import build_pipeline_definitions
+        from batch_assets.orchestration.assets.factory import build_pipeline_definitions
         from batch_assets.spec import parse_spec
 
 

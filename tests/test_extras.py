@@ -31,7 +31,7 @@ def test_kubernetes_quantities_name_the_k8s_extra(monkeypatch: pytest.MonkeyPatc
 def test_the_k8s_executor_names_the_k8s_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from batch_assets.definitions import build_definitions
 
-    _hide(monkeypatch, "batch_assets.orchestration.k8s_executor")
+    _hide(monkeypatch, "batch_assets.orchestration.execution.k8s_executor")
     monkeypatch.setenv("BATCH_EXECUTOR", "k8s")
     with pytest.raises(MissingExtraError, match=r'BATCH_EXECUTOR=k8s .*pip install "batch-assets\[k8s\]"'):
         build_definitions([])

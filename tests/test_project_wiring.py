@@ -274,7 +274,7 @@ INSTALLED_CHECK = textwrap.dedent("""\
     import json, sys
     import dagster as dg
     import batch_assets, batch_assets.definitions as d
-    from batch_assets.orchestration.factory import pipeline_specs
+    from batch_assets.orchestration.assets.factory import pipeline_specs
     from batch_assets.storage import DEFAULT_STORAGE
 
     defs = d.defs

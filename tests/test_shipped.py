@@ -19,8 +19,8 @@ import yaml
 
 from batch_assets.catalog import PIPELINES_DIR
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.sensors import sensor_name
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.launch.sensors import sensor_name
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import pipeline_definitions

@@ -22,9 +22,8 @@ import dagster as dg
 
 from batch_assets.catalog import DEFAULT_MODULE, UnknownPipelineError, for_project
 from batch_assets.components.pipeline import pipeline_definitions
-from batch_assets.orchestration.lineage import FORCE, RERUN_TAG
-
-STAGES = ("raw", "prepared", "inferred", "output")
+from batch_assets.orchestration.assets.lineage import FORCE, RERUN_TAG
+from batch_assets.stage_names import ASSET_NAMES
 
 
 def request_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, pipeline: str, first: str | None = None,
@@ -36,7 +35,7 @@ def request_backfill(instance: dg.DagsterInstance, defs: dg.Definitions, pipelin
     from dagster._time import get_current_timestamp
 
     graph = defs.resolve_asset_graph()
-    keys = [dg.AssetKey([pipeline, stage]) for stage in STAGES]
+    keys = [dg.AssetKey([pipeline, stage]) for stage in ASSET_NAMES]
     missing = [k.to_user_string() for k in keys if not graph.has(k)]
     if missing:
         raise SystemExit(f"pipeline {pipeline!r} is not in the code location (no asset {missing[0]}); "

@@ -19,6 +19,7 @@ import dagster as dg
 
 from batch_assets.catalog import built_in
 from batch_assets.components.pipeline import pipeline_definitions
+from batch_assets.stage_names import INFER, READ, WRITE
 from batch_assets.storage import ArrowStorage
 
 # customer_industry twice: the small local LLM (the Ray Data LLM seed, as it is) and the zero-shot classifier.
@@ -26,7 +27,7 @@ DEMO_PIPELINES = ["document_embeddings", "document_search", "customer_industry",
 # One process per run: the model loads once and no step pays a fresh interpreter (the default multiprocess
 # executor starts one per step, ~3 s each before user code runs).
 # No --config-json: the code location's default executor is already in-process (BATCH_EXECUTOR, see
-# batch_assets/orchestration/executors.py), and in-process takes no executor selector config.
+# batch_assets/orchestration/execution/executors.py), and in-process takes no executor selector config.
 # Lines of dagster's run log worth showing live; the full log goes to a file.
 SHOWN = re.compile(r"STEP_START|STEP_SUCCESS|STEP_FAILURE|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|"
                    r"Loaded model|Generated sample|rows/s|\bETA\b|accuracy")
@@ -80,7 +81,7 @@ def _check_metadata(name: str, defs: dg.Definitions) -> dict:
     """Metadata of the latest evaluation of every asset check of the pipeline (accuracy, where it has labels)."""
     instance = dg.DagsterInstance.get()
     found: dict = {}
-    for stage in ("inferred", "output"):
+    for stage in (INFER.asset, WRITE.asset):
         for spec in defs.resolve_assets_def(dg.AssetKey([name, stage])).check_specs:
             for record in instance.event_log_storage.get_asset_check_execution_history(spec.key, limit=1):
                 data = record.event.dagster_event.event_specific_data if record.event else None
@@ -89,7 +90,7 @@ def _check_metadata(name: str, defs: dg.Definitions) -> dict:
 
 
 def _summary(name: str, elapsed: float, defs: dg.Definitions) -> None:
-    inferred, output = _latest(name, "inferred"), _latest(name, "output")
+    inferred, output = _latest(name, INFER.asset), _latest(name, WRITE.asset)
     # Metadata is per partition; a run over several partitions also records run-wide totals (run_rows_out).
     rows = output.get("run_rows_out", output.get("dagster/row_count", output.get("rows_out")))
     parts = [f"{rows} rows",
@@ -130,7 +131,7 @@ def main() -> None:
     total = time.perf_counter()
     timings = {}
     for i, (name, built) in enumerate(defs.items(), 1):
-        asset = built.resolve_assets_def(dg.AssetKey([name, "raw"]))
+        asset = built.resolve_assets_def(dg.AssetKey([name, READ.asset]))
         keys = asset.partitions_def.get_partition_keys()
         timings[name] = _launch(name, keys, log_dir, f"[{i}/{len(defs)}]")
     print("\n==> Summary (from each run's materialization metadata)")

@@ -31,11 +31,12 @@ import pyarrow.compute as pc
 
 from batch_assets.catalog import DEFAULT_MODULE, UnknownPipelineError, for_project
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration.factory import build_model_resource
+from batch_assets.orchestration.assets.factory import build_model_resource
 from batch_assets.reliability.cache import ResponseCache, cached
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, fingerprint, remove_partition_checkpoints
 from batch_assets.reliability.locks import partition_lock
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import INFER, PREPARE, WRITE
 from batch_assets.stages.infer import InferStats, choose_for_partition, infer_rows
 from batch_assets.stages.write import run_write
 from batch_assets.storage import (ArrowStorage, filesystem_for, join, parquet_schema, read_batches, upstream_url,
@@ -75,12 +76,12 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
     root = storage.resolved_root()
     if spec.runtime.response_cache:  # a retried row that succeeds is cached like any other
         provider = cached(provider, ResponseCache(root))
-    inferred = upstream_url(storage, spec.name, "inferred", key)
-    prepared = parquet_schema(upstream_url(storage, spec.name, "prepared", key))
+    inferred = upstream_url(storage, spec.name, INFER.asset, key)
+    prepared = parquet_schema(upstream_url(storage, spec.name, PREPARE.asset, key))
     rows_dir = join(root, spec.name, "_staging", "retry_rows", urllib.parse.quote(key, safe="-_.="))
     todo_url, done_url = join(rows_dir, "prepared.parquet"), join(rows_dir, "inferred.parquet")
     still_failed = 0
-    with partition_lock(root, spec.name, "inferred", key, on_wait=log):
+    with partition_lock(root, spec.name, INFER.asset, key, on_wait=log):
         retried_rows = 0
         with write_parquet(todo_url, prepared) as writer:
             for batch in read_batches(inferred, batch_rows=spec.runtime.chunk_rows):
@@ -92,7 +93,7 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
             log(f"{spec.name} partition {key!r}: no retryable dead letters")
         else:
             # the precision the partition ran in, decided again from the same rows (same answer: resources/hf/precision.py)
-            choose_for_partition(spec, provider, upstream_url(storage, spec.name, "prepared", key), key)
+            choose_for_partition(spec, provider, upstream_url(storage, spec.name, PREPARE.asset, key), key)
             checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider), RETRY_STAGE).open()
             stats = InferStats()
             infer_rows(task_for(spec, provider), todo_url, done_url, checkpoint, stats, key)
@@ -113,7 +114,7 @@ def retry_partition(spec: PipelineSpec, storage: ArrowStorage, key: str, provide
         fs, path = filesystem_for(rows_dir)
         if fs.exists(path):
             fs.rm(path, recursive=True)
-    with partition_lock(root, spec.name, "output", key, on_wait=log):
+    with partition_lock(root, spec.name, WRITE.asset, key, on_wait=log):
         report = run_write(spec, storage, key)
     return {"retried": retried_rows, "still_failed": still_failed,
             "dead_letters": int(report.extra["dead_letters"]), "rows": report.rows_out}
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           "published")
     if os.environ.get("DAGSTER_HOME"):
         dg.DagsterInstance.get().report_runless_asset_event(dg.AssetMaterialization(
-            asset_key=dg.AssetKey([spec.name, "output"]), partition=args.partition,
+            asset_key=dg.AssetKey([spec.name, WRITE.asset]), partition=args.partition,
             description="dead letters retried (python -m batch_assets.commands.retry_dead_letters)",
             metadata={k: dg.MetadataValue.int(v) for k, v in outcome.items()},
         ))

@@ -29,8 +29,8 @@ from dagster.components.resolved.errors import ResolutionException
 from dagster.components.resolved.scopes import EnvScope, LoadContextScope
 from pydantic import BaseModel
 
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
-from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.launch.paths import launch_definitions
 from batch_assets.spec import NAME_RE, PipelineSpec, SpecError, anchor_local_paths, parse_spec
 from batch_assets.storage import DEFAULT_STORAGE
 

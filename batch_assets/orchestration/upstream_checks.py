@@ -1,7 +1,8 @@
 """`check_upstream_sources(defs)`: every pipeline's source.asset checked against the Definitions it is part of
-(orchestration/upstream.py says what is checked). Its own module so that a user's project can call it without
-importing batch_assets.definitions, which builds the product's own code location; and upstream.py, which the
-factory imports for the asset dependency, stays free of the factory."""
+(orchestration/assets/upstream.py says what is checked). Users import it from here in their own definitions.py
+(docs/reading-data.md), so it keeps this path whatever moves inside orchestration/. Its own module so that a user's
+project can call it without importing batch_assets.definitions, which builds the product's own code location; and
+upstream.py, which the factory imports for the asset dependency, stays free of the factory."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import warnings
 
 import dagster as dg
 
-from batch_assets.orchestration.factory import pipeline_specs
-from batch_assets.orchestration.upstream import upstream_problems
+from batch_assets.orchestration.assets.factory import pipeline_specs
+from batch_assets.orchestration.assets.upstream import upstream_problems
 from batch_assets.spec import SpecError
 
 log = logging.getLogger(__name__)

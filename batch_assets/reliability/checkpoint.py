@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from batch_assets import tasks
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import INFER
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
 from batch_assets.resources.fields import answer_settings
 from batch_assets.resources.registry import provider_class
@@ -47,7 +48,7 @@ MANIFEST = "manifest.json"
 _LOOP_SOURCES = sorted(str(p) for p in Path(tasks.__file__).parent.glob("*.py"))
 
 
-def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> str:
+def staging_url(storage: ArrowStorage, pipeline: str, partition: str, stage: str = INFER.asset) -> str:
     return join(storage.resolved_root(), pipeline, "_staging", stage, urllib.parse.quote(partition, safe="-_.="))
 
 
@@ -109,7 +110,7 @@ class ChunkCheckpoint:
     """The committed chunks of one partition's inference under one fingerprint (`stage` "retry": of the retry of
     its dead letters, kept apart from the partition's own chunks)."""
 
-    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = "inferred"):
+    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = INFER.asset):
         self.partition_url = staging_url(storage, spec.name, partition, stage)
         self.url = join(self.partition_url, fp)
         self.fingerprint = fp
@@ -181,7 +182,7 @@ class ChunkCheckpoint:
         return table
 
 
-def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str, stage: str = "inferred") -> None:
+def remove_partition_checkpoints(storage: ArrowStorage, pipeline: str, partition: str, stage: str = INFER.asset) -> None:
     """After publish: the partition's staged chunks are no longer needed."""
     fs, path = filesystem_for(staging_url(storage, pipeline, partition, stage))
     if fs.exists(path):

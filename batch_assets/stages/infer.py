@@ -43,6 +43,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import INFER, PREPARE
 from batch_assets.stages.infer_batch import remove_ledger, run_batches, uses_batches
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
 from batch_assets.stages.infer_streams import DaemonCallPool, Prefetched, calls_in_flight, exact_chunks
@@ -128,8 +129,8 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
     """The infer stage for one partition: `prepared` rows in, `inferred` rows (inputs, outputs, `error`) out.
     `stats` accumulates over every partition of the run."""
     start = time.perf_counter()
-    src = upstream_url(storage, spec.name, "prepared", key)
-    url = storage.stage_url(spec.name, "inferred", key)
+    src = upstream_url(storage, spec.name, PREPARE.asset, key)
+    url = storage.stage_url(spec.name, INFER.asset, key)
     chosen = choose_for_partition(spec, provider, src, key)
     checkpoint = ChunkCheckpoint(storage, spec, key, fingerprint(spec, provider)).open()
     total = parquet_rows(src)

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import PREPARE, READ
 from batch_assets.stages.documents import extract_documents, prepare_file_parts
 from batch_assets.stages.images import prepare_images
 from batch_assets.stages.report import PartitionReport
@@ -44,8 +45,8 @@ def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> Partitio
     """The prepare stage for one partition: `raw` rows in (ids already proven unique by the read stage), `prepared`
     rows (with model inputs) out."""
     start = time.perf_counter()
-    src = upstream_url(storage, spec.name, "raw", key)
-    url = storage.stage_url(spec.name, "prepared", key)
+    src = upstream_url(storage, spec.name, READ.asset, key)
+    url = storage.stage_url(spec.name, PREPARE.asset, key)
     counts = {"empty_inputs": 0, "rows_flagged": 0}
     raw_rows = [0]
     trial = TrialSelection(spec.prepare.trial) if spec.prepare.trial else None

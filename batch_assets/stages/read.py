@@ -22,14 +22,13 @@ from batch_assets.partitions import (
     ROW_HASH,
     PartitionSlice,
     default_id_prefix,
-    hash_shard_keys,
     resolve_partition,
     row_hashes,
-    shard_of,
     stable_hash64,
 )
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import READ
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
 from batch_assets.stages.sources.types import READ_ERROR_COLUMN, conform, target_schema
@@ -148,44 +147,7 @@ def resolve_duplicates(spec: PipelineSpec, ids: UniqueIdChecker, rescan) -> Dupl
 
 def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
-    start = time.perf_counter()
-    part = resolve_partition(spec, key)
-    url = storage.stage_url(spec.name, "raw", key)
-    duplicates = None
-    while True:  # twice at most: a second read only when the first found ids the policy drops
-        scanned = [0]
-        source_ids = RowIdFingerprint()  # O(1) memory; the write stage checks its output against it
-        unique = UniqueIdChecker()  # 8 bytes a row
-        bad = ReadErrors()
-        try:
-            with write_parquet(url) as writer:
-                for batch in read_partition(spec, part, scanned, cache_root=storage.resolved_root()):
-                    if duplicates is not None:
-                        batch = duplicates.filter(batch)
-                    hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
-                    source_ids.add_hashes(hashes)
-                    unique.add_hashes(hashes)
-                    bad.add(batch)
-                    writer.write(batch)
-                bad.check(spec, key, writer.rows)
-                if not writer.rows:  # a quiet day, a hash shard no row hashes to: an empty file with the source's columns
-                    writer.schema_if_empty(partition_schema(spec, part))
-                # inside the write: a repeated id aborts it, so no `raw` partition with one is ever visible
-                found = resolve_duplicates(spec, unique, lambda: read_partition(spec, part))
-                if found is not None:
-                    raise _DropDuplicates(found)
-                writer.key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids.to_json()
-        except _DropDuplicates as redo:
-            if duplicates is not None:  # the drop left repeats: cannot happen unless the source changed under us
-                raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
-                                    fix="materialize the partition again once its files are complete") from None
-            duplicates = redo.duplicates
-            continue
-        break
-    # rows_in: source rows scanned; more than rows_out where a filter keeps the partition's share (hash, daily).
-    return PartitionReport(key, scanned[0], writer.rows, time.perf_counter() - start, url,
-                           {"source_files": len(part.files), "row_id_check_bytes": unique.nbytes,
-                            **bad.metadata(), **_duplicate_metadata(spec, duplicates)})
+    return run_read_shards(spec, storage, [key])[0]
 
 
 def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
@@ -198,20 +160,28 @@ def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
 
 
 def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
-    """The read stage for several hash shards of one run: every shard reads the whole source, so read it once
-    and route each row to its shard's `raw` file by the hash already computed for its id. Each shard's file is
-    still committed atomically, and only if the whole read succeeded; a row lands in exactly the shard that
-    `run_read` would have put it in (same hash, same modulus)."""
+    """The read stage, the one read path: the partitions `keys` of one run, in one pass over their source files.
+
+    One key (`run_read`) reads its partition's files through its row filter (a hash shard's, a day's). Several keys
+    must read the same files (the hash shards of one run: every shard reads the whole source): the files are read
+    once and each row is routed to the keys whose row filter keeps it, by the hash the read computed once for its
+    id, so a row lands in exactly the shard a read of that shard alone puts it in. Each key's file is committed
+    atomically, and only if the whole read succeeded; a repeated id aborts every write."""
     start = time.perf_counter()
-    count = spec.partitioning.count or 1
-    index = {k: hash_shard_keys(count).index(k) for k in keys}
-    files = resolve_partition(spec, keys[0]).files
-    scope = PartitionSlice(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", files)
-    urls = {k: storage.stage_url(spec.name, "raw", k) for k in keys}
+    slices = {k: resolve_partition(spec, k) for k in keys}
+    files = slices[keys[0]].files
+    if len(keys) == 1:
+        scope, route = slices[keys[0]], {}  # the read applies the partition's own filter
+    else:
+        if any(part.files != files for part in slices.values()):
+            raise ValueError(f"{spec.name}: partitions {keys[0]}...{keys[-1]} read different files; read them one "
+                             "at a time")
+        scope, route = PartitionSlice(f"{keys[0]}...{keys[-1]}", files), {k: slices[k].row_filter for k in keys}
+    urls = {k: storage.stage_url(spec.name, READ.asset, k) for k in keys}
     duplicates: dict[str, Duplicates] | None = None
-    while True:  # twice at most, as in `run_read`
-        source_ids = {k: RowIdFingerprint() for k in keys}  # per shard, as `run_read` takes them
-        unique = {k: UniqueIdChecker() for k in keys}
+    while True:  # twice at most: a second read only when the first found ids the policy drops
+        source_ids = {k: RowIdFingerprint() for k in keys}  # O(1) memory; the write stage checks against it
+        unique = {k: UniqueIdChecker() for k in keys}  # 8 bytes a row
         bad = {k: ReadErrors() for k in keys}
         scanned = [0]
         try:
@@ -220,25 +190,25 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
                 for batch in read_partition(spec, scope, scanned, cache_root=storage.resolved_root()):
                     for found in (duplicates or {}).values():  # a repeated id lives in one shard (same hash)
                         batch = found.filter(batch)
-                    hashes = row_hashes(batch)
-                    shards = shard_of(hashes, count)
-                    for k, i in index.items():
-                        mask = shards == np.uint64(i)
-                        if mask.any():
-                            source_ids[k].add_hashes(hashes[mask])
-                            unique[k].add_hashes(hashes[mask])
-                            shard = batch.filter(pa.array(mask))
-                            bad[k].add(shard)
-                            writers[k].write(shard)
+                    hashes = row_hashes(batch)  # computed once by the read (`_row_hash`), used by both checks
+                    for k in keys:
+                        keep = route.get(k)
+                        mask = np.asarray(keep(batch), dtype=bool) if keep is not None else None
+                        if mask is not None and not mask.any():
+                            continue
+                        rows = batch if mask is None else batch.filter(pa.array(mask))
+                        source_ids[k].add_hashes(hashes if mask is None else hashes[mask])
+                        unique[k].add_hashes(hashes if mask is None else hashes[mask])
+                        bad[k].add(rows)
+                        writers[k].write(rows)
                 for k in keys:
                     bad[k].check(spec, k, writers[k].rows)
                 for k in keys:
-                    if not writers[k].rows:  # no row hashed to this shard: an empty file with the source's columns
+                    if not writers[k].rows:  # a quiet day, a shard no row hashes to: an empty file, the source's columns
                         writers[k].schema_if_empty(partition_schema(spec, scope))
                 found_now = {}
-                for k in keys:  # still inside every write: a repeated id commits no shard
-                    found = resolve_duplicates(spec, unique[k],
-                                               lambda k=k: read_partition(spec, resolve_partition(spec, k)))
+                for k in keys:  # still inside every write: a repeated id commits no partition
+                    found = resolve_duplicates(spec, unique[k], lambda k=k: read_partition(spec, slices[k]))
                     if found is not None:
                         found_now[k] = found
                 if found_now:
@@ -246,18 +216,21 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
                 for k in keys:
                     writers[k].key_value_metadata[FINGERPRINT_KEY.decode()] = source_ids[k].to_json()
         except _DropDuplicates as redo:
-            if duplicates is not None:
+            if duplicates is not None:  # the drop left repeats: cannot happen unless the source changed under us
                 raise PipelineError("the source changed while it was read (repeated ids after dropping duplicates)",
-                                    fix="materialize the partitions again once their files are complete") from None
+                                    fix=f"materialize the partition{'s' if len(keys) > 1 else ''} again once "
+                                    f"{'their' if len(keys) > 1 else 'its'} files are complete") from None
             duplicates = redo.duplicates
             continue
         break
     share = (time.perf_counter() - start) / len(keys)  # one shared read: each shard is charged its share
-    # rows_in: the source rows scanned (once, for every shard), as `run_read` reports for a shard read alone
+    shared = {"read_shared_by": len(keys)} if len(keys) > 1 else {}
+    # rows_in: source rows scanned (once, for every key); more than rows_out where a filter keeps the partition's
+    # share (hash, daily)
     return [PartitionReport(k, scanned[0], writers[k].rows, share, urls[k],
-                            {"source_files": len(files), "read_shared_by": len(keys),
-                             "row_id_check_bytes": unique[k].nbytes, **bad[k].metadata(),
-                             **_duplicate_metadata(spec, (duplicates or {}).get(k))}) for k in keys]
+                            {"source_files": len(files), **shared, "row_id_check_bytes": unique[k].nbytes,
+                             **bad[k].metadata(), **_duplicate_metadata(spec, (duplicates or {}).get(k))})
+            for k in keys]
 
 
 def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None,

@@ -14,6 +14,7 @@ from batch_assets.reliability.checkpoint import remove_partition_checkpoints
 from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import INFER, READ
 from batch_assets.stages.report import PartitionReport, markdown_preview
 from batch_assets.stages.sinks import sink_for
 from batch_assets.stages.trial import trial_fingerprint, trial_url
@@ -32,8 +33,8 @@ def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionR
     """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
     (rows that failed), each committed atomically, only if every source row id appears exactly once."""
     start = time.perf_counter()
-    src = upstream_url(storage, spec.name, "inferred", key)
-    raw_url = upstream_url(storage, spec.name, "raw", key)
+    src = upstream_url(storage, spec.name, INFER.asset, key)
+    raw_url = upstream_url(storage, spec.name, READ.asset, key)
     schema = parquet_schema(src)
     columns = sink_columns(spec, schema.names)
     missing = [c for c in columns if c not in schema.names]

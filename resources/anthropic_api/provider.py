@@ -32,7 +32,7 @@ from batch_assets.resources.protocols import Conversation, Generation, Generatio
 from batch_assets.resources.schema_support import ANTHROPIC, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
 
-# Where calls go when base_url is unset (the SDK's default): the endpoint pool's name (batch_assets/orchestration/pools.py).
+# Where calls go when base_url is unset (the SDK's default): the endpoint pool's name (batch_assets/orchestration/execution/pools.py).
 API_HOST = "api.anthropic.com"
 
 

@@ -53,7 +53,7 @@ def test_generated_infer_step_job_validates(tmp_path: Path) -> None:
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
 
-    from batch_assets.orchestration.resource_policy import resources_for_keys
+    from batch_assets.orchestration.execution.resource_policy import resources_for_keys
     from tests.conftest import EMBED_SPEC, make_spec
 
     spec = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {
@@ -337,8 +337,8 @@ def test_infer_resources_merge_by_key_with_what_the_step_was_given() -> None:
     from dagster_k8s.container_context import K8sContainerContext
     from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
-    from batch_assets.orchestration.k8s_executor import step_container_context
-    from batch_assets.orchestration.resource_policy import StepResources
+    from batch_assets.orchestration.execution.k8s_executor import step_container_context
+    from batch_assets.orchestration.execution.resource_policy import StepResources
 
     def merged(inherited: dict, step_limits: dict, policy: StepResources) -> dict:
         context = K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(

@@ -25,7 +25,7 @@ def test_selected_by_batch_executor_env(tmp_path: Path, monkeypatch: pytest.Monk
 def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
     from dagster_k8s import k8s_job_executor
 
-    from batch_assets.orchestration.k8s_executor import batch_k8s_executor
+    from batch_assets.orchestration.execution.k8s_executor import batch_k8s_executor
 
     ours = batch_k8s_executor([make_spec(EMBED_SPEC, tmp_path)]).config_schema.config_type.fields
     upstream = k8s_job_executor.config_schema.config_type.fields
@@ -33,8 +33,8 @@ def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
 
 
 def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
-    from batch_assets.orchestration.factory import build_pipeline_assets
-    from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+    from batch_assets.orchestration.assets.factory import build_pipeline_assets
+    from batch_assets.orchestration.execution.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 
     assets = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 2}))}
     infer = assets["inferred"]
@@ -48,7 +48,7 @@ def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
     assert cpu_only["inferred"].op.pool is None
 def test_pipelines_built_by_a_component_are_known_to_the_executor(tmp_path: Path) -> None:
     from batch_assets.components.pipeline import BatchInferencePipeline
-    from batch_assets.orchestration.factory import pipeline_specs
+    from batch_assets.orchestration.assets.factory import pipeline_specs
 
     spec = make_spec(EMBED_SPEC, tmp_path, name="docs_component", runtime={"gpus": 1})
     defs = BatchInferencePipeline(spec).build_defs(None)  # the component builds through the factory
@@ -59,7 +59,7 @@ def test_the_code_location_gives_the_executor_every_pipeline(tmp_path: Path, mon
     """definitions.py hands the executor the specs of the spec-file pipelines and of the component ones (the shipped
     `document_search`), read from their Definitions: no pipeline's infer step is left without its policy."""
     from batch_assets import definitions
-    from batch_assets.orchestration import k8s_executor
+    from batch_assets.orchestration.execution import k8s_executor
 
     given: list = []
     real = k8s_executor.batch_k8s_executor

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_assets.orchestration.pools import infer_pool
-from batch_assets.orchestration.resource_policy import resources_for_key, resources_for_keys
+from batch_assets.orchestration.execution.pools import infer_pool
+from batch_assets.orchestration.execution.resource_policy import resources_for_key, resources_for_keys
 from batch_assets.spec import SpecError
 from batch_assets.resources.base import INFER_GPUS_ENV, resolve_device
 from batch_assets.resources.errors import ModelLoadError
@@ -131,7 +131,7 @@ def test_vllm_tensor_parallel_follows_the_gpu_grant(monkeypatch: pytest.MonkeyPa
 def test_run_partition_keys_from_tags(tmp_path: Path) -> None:
     import dagster as dg
 
-    from batch_assets.orchestration.k8s_executor import run_partition_keys
+    from batch_assets.orchestration.execution.k8s_executor import run_partition_keys
 
     spec = policy_spec(tmp_path)
     with dg.instance_for_test() as instance:
@@ -146,7 +146,7 @@ def test_run_partition_keys_from_tags(tmp_path: Path) -> None:
 
 
 def test_gpu_steps_default_to_the_deployments_gpu_node_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from batch_assets.orchestration.k8s_executor import with_gpu_node_pool
+    from batch_assets.orchestration.execution.k8s_executor import with_gpu_node_pool
 
     monkeypatch.setenv("BATCH_GPU_NODE_SELECTOR", '{"cloud.google.com/gke-accelerator": "nvidia-l4"}')
     monkeypatch.setenv("BATCH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
@@ -165,7 +165,7 @@ def test_gpu_steps_default_to_the_deployments_gpu_node_pool(tmp_path: Path, monk
 def test_gpu_steps_get_gpu_defaults_not_nothing(tmp_path: Path) -> None:
     """A `runtime.gpus: 1` step that names no memory gets the documented GPU default, so nothing else (the code
     server's sizing, a namespace default) decides how much host memory vLLM has while loading weights."""
-    from batch_assets.orchestration.resource_policy import with_gpu_defaults
+    from batch_assets.orchestration.execution.resource_policy import with_gpu_defaults
 
     one = with_gpu_defaults(resources_for_keys(policy_spec(tmp_path, gpus=1), ["a"]))
     assert (one.gpus, one.cpu, one.memory) == (1, "4", "16Gi")
@@ -180,7 +180,7 @@ def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Pa
     import json
 
     from batch_assets.errors import PipelineError
-    from batch_assets.orchestration.resource_policy import check_gpu_strategy
+    from batch_assets.orchestration.execution.resource_policy import check_gpu_strategy
 
     # a one-GPU provider on two GPUs: allowed, with a warning that one sits idle (the run log shows it)
     local = policy_spec(tmp_path, gpus=2)
@@ -235,7 +235,7 @@ def test_a_failed_step_pod_says_why_it_ended() -> None:
     from kubernetes.client import (
         V1ContainerState, V1ContainerStateTerminated, V1ContainerStatus, V1Pod, V1PodCondition, V1PodStatus)
 
-    from batch_assets.orchestration.k8s_executor import _pod_end
+    from batch_assets.orchestration.execution.k8s_executor import _pod_end
 
     def pod(conditions=(), terminated=None) -> V1Pod:
         state = V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=137, reason=terminated))

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration.automation import automation_sensor_name
+from batch_assets.orchestration.assets.automation import automation_sensor_name
 from batch_assets.spec import SpecError, parse_spec
 from tests.daemon_helpers import daily_spec, write_day
 

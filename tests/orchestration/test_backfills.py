@@ -191,7 +191,7 @@ def test_bad_input_fails_without_retries_and_transient_errors_are_retried(tmp_pa
 
 
 def test_code_version_follows_the_spec(tmp_path: Path) -> None:
-    from batch_assets.orchestration.factory import stage_code_version
+    from batch_assets.orchestration.assets.factory import stage_code_version
     from batch_assets.spec import parse_spec
 
     base = daily_spec(tmp_path, tmp_path / "log")
@@ -203,5 +203,5 @@ def test_code_version_follows_the_spec(tmp_path: Path) -> None:
     assert stage_code_version(other_model, "prepared") == versions["prepared"]
     faster = parse_spec({**base, "source": {**base["source"], "batch_rows": 10}})  # speed only: same output
     assert stage_code_version(faster, "raw") == versions["raw"]
-    assets = {a.key.path[-1]: a for a in __import__("batch_assets.orchestration.factory", fromlist=["x"]).build_pipeline_assets(spec)}
+    assets = {a.key.path[-1]: a for a in __import__("batch_assets.orchestration.assets.factory", fromlist=["x"]).build_pipeline_assets(spec)}
     assert assets["inferred"].code_versions_by_key[assets["inferred"].key] == versions["inferred"]

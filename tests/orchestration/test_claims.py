@@ -1,4 +1,4 @@
-"""Launch claims (batch_assets/orchestration/claims.py) expire: a claim whose run never appeared (the daemon died
+"""Launch claims (batch_assets/orchestration/launch/claims.py) expire: a claim whose run never appeared (the daemon died
 between the tick and creating the run, or the request was deduplicated) stops the other launcher only for
 CLAIM_TTL_S; after that the partition is launched by whoever comes next, instead of never. A claim whose run has
 finished frees the partition at once.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_assets.orchestration import claims
+from batch_assets.orchestration.launch import claims
 from batch_assets.storage import ArrowStorage
 
 PIPELINE, JOB, DAY = "daily_docs", "daily_docs_job", "2026-11-20"

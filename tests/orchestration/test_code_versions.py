@@ -1,4 +1,4 @@
-"""The stages' code versions (orchestration/lineage.py `stage_code_version`) decide what a rerun pays for: a record
+"""The stages' code versions (orchestration/assets/lineage.py `stage_code_version`) decide what a rerun pays for: a record
 whose version no longer matches is made, and inferred, again. So a version may change only when the user changes
 what a stage computes, never because the product was upgraded or the project moved:
 - the shipped pipelines keep the versions they had at b25b11d, before issue 24 added spec fields (partitioning
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_assets.orchestration.lineage import stage_code_version
+from batch_assets.orchestration.assets.lineage import stage_code_version
 from batch_assets.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

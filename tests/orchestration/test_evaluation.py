@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import dagster as dg
 import pytest
 
-from batch_assets.orchestration.evaluation import NO_ANSWER, Confusion
+from batch_assets.orchestration.assets.evaluation import NO_ANSWER, Confusion
 from batch_assets.spec import SpecError
 from tests.conftest import make_spec, read_output, run_pipeline, write_csv
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import dagster as dg
 
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration import lineage
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.schedules import schedule_name
-from batch_assets.orchestration.sensors import decode_cursor
+from batch_assets.orchestration.assets import lineage
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.launch.schedules import schedule_name
+from batch_assets.orchestration.launch.sensors import decode_cursor
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import pipeline_definitions, run_pipeline

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.schedules import schedule_name
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.launch.schedules import schedule_name
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.storage import ArrowStorage, partition_file_name
 from tests.conftest import user_env

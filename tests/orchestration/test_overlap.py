@@ -1,4 +1,4 @@
-"""run_overlapped (batch_assets/orchestration/overlap.py), the partitions of one run inferred at once: results in
+"""run_overlapped (batch_assets/orchestration/execution/overlap.py), the partitions of one run inferred at once: results in
 partition order, admission by the window of rows, a failure after the running partitions finish, no busy wait."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from batch_assets.orchestration import overlap
-from batch_assets.orchestration.overlap import run_overlapped
+from batch_assets.orchestration.execution import overlap
+from batch_assets.orchestration.execution.overlap import run_overlapped
 
 
 def test_results_in_key_order_and_the_window_bounds_what_runs_at_once() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets.orchestration.progress import PartitionProgress, format_duration
+from batch_assets.orchestration.assets.progress import PartitionProgress, format_duration
 from tests.conftest import make_spec, run_pipeline, write_csv
 
 LINE = re.compile(r"^(?P<label>\S+ \[\S+\]): (?P<done>\d+)/(?P<total>\d+) rows \((?P<pct>\d+)%\), "

@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.schedules import schedule_name
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.launch.schedules import schedule_name
 from batch_assets.spec import load_spec, parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.daemon_helpers import daemon_workspace, daily_spec, write_code_location, write_day

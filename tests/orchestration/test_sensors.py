@@ -13,8 +13,8 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import build_definitions
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.sensors import decode_cursor, sensor_name
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.launch.sensors import decode_cursor, sensor_name
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.daemon_helpers import daemon_workspace, write_code_location

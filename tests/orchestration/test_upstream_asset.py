@@ -14,9 +14,9 @@ import dagster as dg
 import pytest
 
 from batch_assets.orchestration.upstream_checks import UpstreamAssetWarning, check_upstream_sources
-from batch_assets.orchestration.automation import automation_sensor_name
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
-from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.orchestration.assets.automation import automation_sensor_name
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.launch.paths import launch_definitions
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.daemon_helpers import daily_spec, model_trace

@@ -30,8 +30,8 @@ import dagster as dg
 import yaml
 
 from batch_assets.orchestration.upstream_checks import check_upstream_sources
-from batch_assets.orchestration.factory import STORAGE_KEY, build_pipeline_definitions
-from batch_assets.orchestration.launch import launch_definitions
+from batch_assets.orchestration.assets.factory import STORAGE_KEY, build_pipeline_definitions
+from batch_assets.orchestration.launch.paths import launch_definitions
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 

@@ -12,7 +12,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from batch_assets.orchestration import lineage
+from batch_assets.orchestration.assets import lineage
 from batch_assets.reliability.checkpoint import fingerprint
 from batch_assets.resources.hf import precision
 from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration.factory import build_model_resource
+from batch_assets.orchestration.assets.factory import build_model_resource
 from batch_assets.reliability.dead_letters import dead_letter_url
 from batch_assets.commands.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
@@ -97,7 +97,7 @@ def test_dead_letters_retry_and_cache(tmp_path: Path) -> None:
         retried_calls = {k: len(proxy.attempts_for(k)) for k in calls}
         assert retried_calls["Say row 3"] == 2 and retried_calls["Say row 1"] == 1  # only dead letters were re-sent
 
-        # re-materialize: already made from the same source and spec (batch_assets/orchestration/lineage.py), no model call at all
+        # re-materialize: already made from the same source and spec (batch_assets/orchestration/assets/lineage.py), no model call at all
         again = run_pipeline(spec, store, ["a"])
         assert again.success
         meta = _metadata(again, "echoes")

@@ -93,7 +93,7 @@ def _assert_nothing_new_after_the_stop(how: str, run: dg.DagsterRun, proxy: Faul
     their way then (`max_concurrency`), however long it took to get there. The run records when its provider
     stopped sending (STOP_RECEIVED_TAG); the time from the signal or terminateRun to it is Dagster's and the OS's
     delivery (on a loaded 2-core CI machine 0.45 s, in which 22 requests left at 8 in flight), printed here."""
-    from batch_assets.orchestration.stopping import STOP_RECEIVED_TAG
+    from batch_assets.orchestration.execution.stopping import STOP_RECEIVED_TAG
 
     assert STOP_RECEIVED_TAG in run.tags, f"the run does not record when its provider stopped: {run.tags}"
     received = float(run.tags[STOP_RECEIVED_TAG])

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration.lineage import stage_code_version
+from batch_assets.orchestration.assets.lineage import stage_code_version
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.stages.prepare import prepare_batches
 from batch_assets.stages.trial import TrialSelection

@@ -133,7 +133,7 @@ def test_requests_metadata_counts_what_the_endpoint_saw_not_response_cache_hits(
         first = run_pipeline(spec, tmp_path / "store", ["day1"])
         # A plain rerun would skip the partition (its lineage record matches: no read, no model call); forced, it
         # infers again and every answer comes from the response cache.
-        from batch_assets.orchestration.lineage import RERUN_TAG
+        from batch_assets.orchestration.assets.lineage import RERUN_TAG
         from tests.conftest import pipeline_definitions
 
         job = pipeline_definitions(spec, tmp_path / "store").resolve_job_def(f"{spec.name}_job")

@@ -7,7 +7,7 @@
 - `multiprocess`: one process per step, forked from a forkserver that has already imported Dagster, this code
   location and torch (each step skips those imports, ~2-3 s; a step that needs the model still loads it once).
   Isolates a crashing step from the run.
-Production on Kubernetes: BATCH_EXECUTOR=k8s selects batch_assets/orchestration/k8s_executor.py (one Job per step); see
+Production on Kubernetes: BATCH_EXECUTOR=k8s selects batch_assets/orchestration/execution/k8s_executor.py (one Job per step); see
 docs/deployment.md.
 """
 

@@ -27,7 +27,7 @@ partition is requested at every stage at once and the sensor launches it as one 
 
 Dagster's conditions know only what the instance has seen materialized, not whether a partition was already made
 from the same source file and spec elsewhere (a CLI run against another instance, a rewritten file). That is
-what the lineage records are for (batch_assets/orchestration/lineage.py): a run the automation sensor launches for a partition
+what the lineage records are for (batch_assets/orchestration/assets/lineage.py): a run the automation sensor launches for a partition
 already made from the same source and spec skips every stage, without a model call, like any other launch path.
 """
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import dagster as dg
 
 from batch_assets.spec import AutomationSpec, PipelineSpec
+from batch_assets.stage_names import READ
 
 
 def effective_automation(spec: PipelineSpec) -> AutomationSpec | None:
@@ -58,7 +59,7 @@ def on_upstream_update(stage: str) -> dg.AutomationCondition:
     through and/or; with since_last_handled an upstream re-materialization between the pipeline's request and its
     next evaluation, or while its run was still going, was dropped, and so were the later stages of the run that
     followed (tests/orchestration/test_upstream_asset.py)."""
-    if stage == "raw":
+    if stage == READ.asset:
         trigger = dg.AutomationCondition.any_deps_match(dg.AutomationCondition.newly_updated()).since(
             dg.AutomationCondition.newly_requested())
     else:  # requested with its upstream stage in one evaluation (one run), whatever the since-state says

@@ -211,6 +211,6 @@ def host_pool_slot(instance, pool: str, log=None):
         if not said and log is not None:
             log.warning(f"Pool {pool!r}: the SQLite instance granted this step a slot that another infer step on "
                         f"this host still holds (Dagster's slot claim is not exclusive on SQLite); waiting for it "
-                        f"to finish (batch_assets/orchestration/pools.py)")
+                        f"to finish (batch_assets/orchestration/execution/pools.py)")
             said = True
         time.sleep(_LOCK_POLL_S)

@@ -8,7 +8,7 @@ to do.
 
 What the spec alone cannot know, the whole code location can: `upstream_problems` checks that the key is an asset
 of the code location and that its partitions map onto the pipeline's. `check_upstream_sources`
-(upstream_checks.py) runs it on a code location's Definitions (batch_assets/definitions.py on the product's own),
+(orchestration/upstream_checks.py) runs it on a code location's Definitions (batch_assets/definitions.py on the product's own),
 before Dagster would stop at the first mapping it cannot use with a message that names neither the pipeline nor
 the fix.
 """
@@ -19,8 +19,8 @@ import difflib
 
 import dagster as dg
 
-from batch_assets.orchestration.lineage import STAGES
 from batch_assets.spec import PipelineSpec
+from batch_assets.stage_names import READ
 
 
 def upstream_key(spec: PipelineSpec) -> dg.AssetKey | None:
@@ -106,7 +106,7 @@ def upstream_problems(defs: dg.Definitions, specs: list[PipelineSpec]) -> tuple[
                             "of your workspace defines it, nothing will ever run it; name an asset your Definitions "
                             "define, its key parts joined by '/'")
             continue
-        mine = graph.get(dg.AssetKey([spec.name, STAGES[0]])).partitions_def
+        mine = graph.get(dg.AssetKey([spec.name, READ.asset])).partitions_def
         problem = mapping_problem(spec, node.partitions_def, mine)
         if problem:
             problems.append(f"{where}: {problem}")

@@ -40,7 +40,7 @@ STOPPED_TAG = "batch_assets/stopped"
 # received after it was on its way already (tests/reliability/test_stop_and_crash_cli.py counts them)
 STOP_RECEIVED_TAG = "batch_assets/stop_received_at"
 MAX_RETRIES_TAG = "dagster/max_retries"  # Dagster's per-run override of run_retries.max_retries
-# Executors that run each step in a pod of its own (batch_assets/orchestration/k8s_executor.py, dagster-k8s's)
+# Executors that run each step in a pod of its own (batch_assets/orchestration/execution/k8s_executor.py, dagster-k8s's)
 POD_EXECUTORS = frozenset({"batch_k8s", "k8s"})
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_assets.orchestration.automation import build_automation_sensor
-from batch_assets.orchestration.factory import job_name
-from batch_assets.orchestration.schedules import build_schedule
-from batch_assets.orchestration.sensors import build_sensor
+from batch_assets.orchestration.assets.automation import build_automation_sensor
+from batch_assets.orchestration.assets.factory import job_name
+from batch_assets.orchestration.launch.schedules import build_schedule
+from batch_assets.orchestration.launch.sensors import build_sensor
 from batch_assets.spec import PipelineSpec
 
 

@@ -39,13 +39,15 @@ from typing import Any
 import dagster as dg
 
 from batch_assets.errors import PipelineError
-from batch_assets.orchestration import claims, lineage
-from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
-from batch_assets.orchestration.factory import STORAGE_KEY
-from batch_assets.orchestration.lineage import file_modified
-from batch_assets.orchestration.sample_data import ensure_sample
+from batch_assets.orchestration.assets import lineage
+from batch_assets.orchestration.launch import claims
+from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
+from batch_assets.orchestration.assets.lineage import file_modified
+from batch_assets.sample_data import ensure_sample
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
 from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
+from batch_assets.stage_names import ASSET_NAMES
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, filesystem_for
 
@@ -176,9 +178,10 @@ def evaluate(spec: PipelineSpec, job_name: str, context: dg.SensorEvaluationCont
     assert cfg is not None
     storage = storage or ArrowStorage()
     pdef = partitions_def_for(spec)
-    made = ensure_sample(spec)  # sample pipelines: the demo's files appear on the first tick of a fresh clone
-    if made:
-        context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
+    if spec.source.sample:  # a demo pipeline: its files appear on the first tick of a fresh clone, where none are
+        made = ensure_sample(spec)
+        if made:
+            context.log.info(f"Generated {len(made)} sample files for {spec.name}; they are picked up once ready")
     seen = decode_cursor(context.cursor)
     listing = list_source_files(spec)
     complete = ready_files(spec, listing, time.time())
@@ -308,7 +311,7 @@ def adoption_events(spec: PipelineSpec, storage: ArrowStorage, instance: dg.Dags
     """Materializations for adopted partitions the instance has never seen materialized (outputs made under
     another instance, or before the pipeline had a sensor), so the UI shows them as done, made by whom."""
     events = []
-    for stage in lineage.STAGES:
+    for stage in ASSET_NAMES:
         asset_key = dg.AssetKey([spec.name, stage])
         missing = [k for k in adopted if k not in instance.get_materialized_partitions(asset_key)]
         for key in missing:

@@ -1,6 +1,6 @@
 """Per-partition resources of the infer step: spec policy + partition keys -> what the step's pod asks for.
 
-Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/orchestration/k8s_executor.py` calls
+Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/orchestration/execution/k8s_executor.py` calls
 `resources_for_keys` for each infer step it launches and merges the result into that step's Kubernetes Job.
 
 One partition's resources: the policy default, then every `by_size` rule the partition reaches (sizes read from the
@@ -33,6 +33,7 @@ from batch_assets.spec import (
     replica_providers,
     replicas_problem,
 )
+from batch_assets.stage_names import INFER
 from batch_assets.storage import filesystem_for, parquet_rows, shown_path
 from batch_assets.resources.registry import provider_class
 
@@ -42,7 +43,7 @@ from batch_assets.resources.base import GPU_STRATEGY_ENV, INFER_GPUS_ENV  # noqa
 # Op tags the factory puts on each infer asset: which pipeline's policy sizes the step (k8s_executor.py reads them).
 PIPELINE_TAG = "batch_assets/pipeline"
 STAGE_TAG = "batch_assets/stage"
-INFER_STAGE = "inferred"
+INFER_STAGE = INFER.asset
 # What a GPU step gets per GPU when its policy says nothing: vLLM holds the weights in host memory while it loads
 # them onto the GPU (a 7-8B model in bf16 is ~16 GB), and tokenisation / data loading want a few cores.
 GPU_DEFAULT_MEMORY_PER_GPU_GI = 16

@@ -2,7 +2,7 @@
 
 Built on dagster-k8s's own `k8s_job_executor` machinery: the same config schema, the same `K8sStepHandler` building
 and watching one Kubernetes Job per step. The only difference is `_get_container_context`: for an infer step it
-merges the pipeline's resource policy (batch_assets/orchestration/resource_policy.py), resolved for the run's partition keys,
+merges the pipeline's resource policy (batch_assets/orchestration/execution/resource_policy.py), resolved for the run's partition keys,
 into the step's container config (GPU / CPU / memory, the BATCH_INFER_GPUS env var) and pod spec (node selector,
 tolerations). It runs inside the run worker, so it sees every launch path's partitions the same way: the
 `dagster/partition` tag (UI, CLI, multi-run backfill, schedule, sensor) or the
@@ -66,7 +66,7 @@ from dagster_k8s.executor import _K8S_EXECUTOR_CONFIG_SCHEMA, K8sStepHandler
 from dagster_k8s.job import UserDefinedDagsterK8sConfig, get_user_defined_k8s_config
 from dagster_k8s.launcher import K8sRunLauncher
 
-from batch_assets.orchestration.resource_policy import (
+from batch_assets.orchestration.execution.resource_policy import (
     GPU_RESOURCE,
     INFER_STAGE,
     PIPELINE_TAG,
@@ -180,7 +180,7 @@ class PartitionAwareK8sStepHandler(K8sStepHandler):
                 raise check.CheckError(
                     f"step {step_key} names pipeline {tags[PIPELINE_TAG]!r}, which this executor was not given "
                     f"(known: {sorted(self._specs)}): its infer step cannot be sized; build the pipeline with "
-                    "batch_assets.orchestration.factory in the code location whose definitions build the executor "
+                    "batch_assets.orchestration.assets.factory in the code location whose definitions build the executor "
                     "(batch_assets/definitions.py)"
                 )
             keys = run_partition_keys(spec, run.tags, step_handler_context.instance)

@@ -6,7 +6,7 @@ After a stage commits a partition it leaves a small record beside the data,
 file whose bytes did not change keeps its version whatever its mtime; the sensor keeps the same per-file versions
 in its cursor, and the raw asset reports the digest as its data version) and the stage's **code version** (a digest
 of every spec section the stage's output depends on, upstream stages' sections included:
-batch_assets/orchestration/factory.py `stage_code_version`).
+batch_assets/orchestration/assets/factory.py `stage_code_version`).
 
 Records written before versions were by content hold the old digest (mtime or ETag, and size: `legacy_version`).
 A record that matches it, while the file is unchanged, is taken as made from today's content and rewritten with the
@@ -45,6 +45,7 @@ import numpy as np
 from batch_assets.errors import PipelineError
 from batch_assets.partitions import hash_shard_keys, partitions_def_for, resolve_partition, shard_of, stable_hash64
 from batch_assets.spec import PipelineSpec, written_path
+from batch_assets.stage_names import ASSET_NAMES, INFER, PREPARE, READ, WRITE, upstream_of
 from batch_assets.stages.sources.files import file_infos, file_row_ids
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, atomic_output, exists, filesystem_for, join, partition_file_name
@@ -55,10 +56,10 @@ from batch_assets.resources.custom.loading import import_object
 # the sections are cumulative); a changed model or max_new_tokens makes `inferred` and `output` stale. Knobs that
 # change how fast, not what (batch_rows, chunk_rows, retries, schedules, sensors), are left out.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "raw": ("source", "partitioning"),
-    "prepared": ("source", "partitioning", "prepare"),
-    "inferred": ("source", "partitioning", "prepare", "task", "model"),
-    "output": ("source", "partitioning", "prepare", "task", "model", "sink"),
+    READ.asset: ("source", "partitioning"),
+    PREPARE.asset: ("source", "partitioning", "prepare"),
+    INFER.asset: ("source", "partitioning", "prepare", "task", "model"),
+    WRITE.asset: ("source", "partitioning", "prepare", "task", "model", "sink"),
 }
 # Also left out: source.asset and partition_mapping say which Dagster asset writes the files, not what is read
 # (source.path is); with them in the digest, adding the fields would have made every existing pipeline stale.
@@ -76,7 +77,6 @@ ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
                                                      "pricing.batch_output_per_million_tokens": None}}
 RERUN_TAG = "batch/rerun"
 FORCE = "force"
-STAGES = ("raw", "prepared", "inferred", "output")
 
 
 def stage_code_version(spec: PipelineSpec, stage: str) -> str:
@@ -240,9 +240,10 @@ class Inputs:
 
 
 def inputs_for(spec: PipelineSpec, storage: ArrowStorage, stage: str, key: str, code_version: str) -> Inputs:
-    if stage == STAGES[0]:
+    before = upstream_of(stage)
+    if before is None:
         return Inputs(source_version(spec, key, storage), code_version, legacy_source_version(spec, key))
-    upstream = read_record(storage, spec.name, STAGES[STAGES.index(stage) - 1], key)
+    upstream = read_record(storage, spec.name, before.asset, key)
     return Inputs(upstream.get("source_version") if upstream else None, code_version)
 
 
@@ -269,7 +270,7 @@ def _adopt_content_version(storage: ArrowStorage, pipeline: str, key: str, legac
                            ) -> None:
     """Every stage's record of the partition made from `legacy` (the files as they still are) now says
     `content`: later stages, which compare with their upstream stage's record, keep matching."""
-    for stage in STAGES:
+    for stage in ASSET_NAMES:
         record = read_record(storage, pipeline, stage, key)
         if record is not None and record.get("source_version") == legacy:
             write_record(storage, pipeline, stage, key, {**record, "source_version": content})
@@ -284,8 +285,8 @@ def published(spec: PipelineSpec, storage: ArrowStorage, key: str, version: str 
     (what a sensor or schedule asks before requesting a run); else None. `version`: the source version, when the
     caller has it already."""
     version = source_version(spec, key, storage) if version is _UNSET else version
-    inputs = Inputs(version, stage_code_version(spec, "output"), legacy_source_version(spec, key))
-    return matching(storage, spec.name, "output", key, inputs)
+    inputs = Inputs(version, stage_code_version(spec, WRITE.asset), legacy_source_version(spec, key))
+    return matching(storage, spec.name, WRITE.asset, key, inputs)
 
 
 def new_record(inputs: Inputs, run_id: str, path: str, rows: int, extra: dict[str, Any]) -> dict[str, Any]:

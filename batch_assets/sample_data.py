@@ -1,4 +1,11 @@
-"""Deterministic sample datasets, generated on first use so a fresh clone has real data to run on."""
+"""Deterministic sample datasets for the demo pipelines (`source.sample`), generated on first use so a fresh clone
+has real data to run on.
+
+Demo data, not a stage: only a pipeline whose spec declares `source.sample` ever comes here (the raw asset and the
+sensor ask first), and it never writes where data already is. A pipeline copied from an example (the Component's
+scaffold declares `sample: documents`) and pointed at a folder of the user's own files keeps reading exactly those
+files: no generated rows are mixed in, and no file of theirs is replaced, whatever it holds.
+"""
 
 from __future__ import annotations
 
@@ -112,18 +119,20 @@ def sample_targets(spec: PipelineSpec) -> list[str]:
 
 
 def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str]:
-    """Write the spec's sample dataset where its source path points, unless it is there already.
+    """Write the spec's sample dataset where its source path points, if nothing is there; the files written.
 
-    Daily pipelines get one file per requested day (`keys`), `sample_rows` rows each, the same for a day on every
-    machine, so a schedule on a fresh clone finds yesterday's file whatever today is.
+    Nothing is written when any file already matches the source path (`{partition}` and globs as wildcards): they
+    are the data, ours from an earlier run or the user's, and the read stage checks their columns. Daily pipelines
+    get one file per requested day (`keys`) whose file is missing, `sample_rows` rows each, the same for a day on
+    every machine, so a schedule on a fresh clone finds yesterday's file whatever today is.
     """
     if spec.source.sample is None:
         return []
     if spec.partitioning.kind == "daily" and PARTITION_TOKEN in spec.source.path:
         return _ensure_daily_sample(spec, keys or [])
-    targets = sample_targets(spec)
-    if all(_has_columns(t, spec) for t in targets):
+    if _data_at(spec.source.path):
         return []
+    targets = sample_targets(spec)
     rows = GENERATORS[spec.source.sample](random.Random(20261121), spec.source.sample_rows)
     per = -(-len(rows) // len(targets))
     for i, target in enumerate(targets):
@@ -134,24 +143,14 @@ def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str
     return targets
 
 
-def _has_columns(target: str, spec: PipelineSpec) -> bool:
-    """The sample file exists and holds the spec's columns (one written by an older version, before the label
-    columns were recorded, is generated again: it is our sample, not user data)."""
-    fs, path = filesystem_for(target)
-    if not fs.exists(path):
-        return False
-    fmt = spec.source.format
-    with fs.open(path, "rb") as f:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            names = set(pq.ParquetFile(f).schema_arrow.names)
-        elif fmt == "csv":
-            names = set(next(csv.reader([f.readline().decode("utf-8")]), []))
-        else:
-            line = f.readline()
-            names = set(json.loads(line)) if line.strip() else set(spec.source.columns)
-    return set(spec.source.columns) <= names
+def _data_at(source_path: str) -> bool:
+    """Whether any file matches the source path, `{partition}` standing for any key (names starting with `.` or `_`
+    are an atomic writer's temporary files and markers, never data)."""
+    fs, path = filesystem_for(source_path.replace(PARTITION_TOKEN, "*"))
+    if not any(ch in path for ch in "*?["):
+        return fs.exists(path)
+    return any(not name.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_"))
+               for name, info in fs.glob(path, detail=True).items() if info.get("type") != "directory")
 
 
 def _encode(rows: list[dict], fmt: str) -> bytes:

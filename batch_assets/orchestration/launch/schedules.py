@@ -2,7 +2,7 @@
 
 A day is complete once its window has ended in the partitioning timezone (DailyPartitionsDefinition's last key at
 the tick's scheduled time). A day that another launch path is making (a sensor's run, a backfill) or has already
-published from the same source and spec (batch_assets/orchestration/lineage.py) is not launched. Each day is launched once: a later tick for the same day (an hourly cron that waits for
+published from the same source and spec (batch_assets/orchestration/assets/lineage.py) is not launched. Each day is launched once: a later tick for the same day (an hourly cron that waits for
 a late file, a daemon catching up) finds the scheduled run and skips, whatever became of it; a failed day is
 retried by run retries (dagster.yaml) or re-executed by hand. Older missing days are a backfill's job
 (docs/launch-paths.md), not the schedule's: a schedule that silently backfilled would hide the gap.
@@ -19,9 +19,10 @@ from zoneinfo import ZoneInfo
 
 import dagster as dg
 
-from batch_assets.orchestration import claims, lineage
-from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
-from batch_assets.orchestration.factory import STORAGE_KEY
+from batch_assets.orchestration.assets import lineage
+from batch_assets.orchestration.launch import claims
+from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
 from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for, source_path_for
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import filesystem_for
