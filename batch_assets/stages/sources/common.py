@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import filesystem_for
 
-def missing_columns(spec: PipelineSpec, found: list[str]) -> None:
+def missing_columns(spec: PipelineSections, found: list[str]) -> None:
     missing = [c for c in spec.source.columns if c not in found]
     if missing:
         raise PipelineError(

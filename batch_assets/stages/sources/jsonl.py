@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
 from batch_assets.stages.sources.types import declared_types
 from batch_assets.storage import filesystem_for
@@ -25,7 +25,7 @@ from batch_assets.storage import filesystem_for
 BOM = b"\xef\xbb\xbf"
 
 
-def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     encoding = spec.source.encoding.lower().replace("_", "-")
     declared = declared_types(spec)
@@ -63,7 +63,7 @@ def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
                                 fix="each line must be one JSON object") from None
 
 
-def _not_utf8(spec: PipelineSpec, url: str) -> PipelineError:
+def _not_utf8(spec: PipelineSections, url: str) -> PipelineError:
     return PipelineError(f"the file is not valid {spec.source.encoding}", row=first_bad_utf8_row(url),
                          fix="re-encode the file as UTF-8, or set source.encoding in the spec")
 
@@ -92,7 +92,7 @@ def _parse(block: bytes, schema: pa.Schema | None) -> pa.Table | None:
         return None
 
 
-def _parse_lines(spec: PipelineSpec, block: bytes, schema: pa.Schema | None,
+def _parse_lines(spec: PipelineSections, block: bytes, schema: pa.Schema | None,
                  declared: dict[str, pa.DataType], first_line: int) -> pa.Table:
     """The wanted columns of the block, line by line (error path only): a column whose values do not fit one type
     comes out as text (JSON text for objects and lists)."""
@@ -130,7 +130,7 @@ def _column(values: list, kind: pa.DataType | None) -> pa.Array:
                          for v in values], pa.string())
 
 
-def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
+def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:
     """A JSON lines file with no rows has no types either."""
     return None
 
@@ -156,7 +156,7 @@ def line_blocks(f, size: int) -> Iterator[bytes]:
         yield rest
 
 
-def check_utf8(spec: PipelineSpec, url: str, batch: pa.RecordBatch) -> None:
+def check_utf8(spec: PipelineSections, url: str, batch: pa.RecordBatch) -> None:
     """pyarrow's JSON reader passes invalid UTF-8 through into string columns; catch it here, by column and row,
     before a later stage trips over it."""
     for name in batch.schema.names:

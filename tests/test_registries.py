@@ -1,0 +1,35 @@
+"""The names a spec may choose (batch_assets/registries.py, at the bottom of the package) and the tables that load
+each plug-in by that name (above the spec's sections, because the plug-ins read them) hold the same names in the same
+order: a format the spec accepts always has a reader or writer, and every plug-in can be named in a spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from batch_assets.orchestration.sample_data import GENERATORS
+from batch_assets.registries import SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
+from batch_assets.spec import SpecError, parse_spec
+from batch_assets.stages.sinks import SINKS, sink_for
+from batch_assets.stages.sources import SOURCES, source_module
+
+
+@pytest.mark.parametrize(("names", "table"), [(SOURCE_FORMATS, SOURCES), (SINK_FORMATS, SINKS),
+                                              (SAMPLE_DATASETS, GENERATORS)],
+                         ids=["source formats", "sink formats", "sample datasets"])
+def test_every_name_the_spec_accepts_has_its_plug_in(names: tuple[str, ...], table: dict) -> None:
+    assert tuple(table) == names
+
+
+def test_each_registered_plug_in_loads() -> None:
+    assert all(callable(getattr(source_module(name), "batches", None))
+               or callable(getattr(source_module(name), "partition_batches", None)) for name in SOURCE_FORMATS)
+    assert all(callable(sink_for(name).write) for name in SINK_FORMATS)
+
+
+def test_a_name_outside_the_registry_is_refused_with_the_choices() -> None:
+    spec = {"name": "p", "source": {"format": "xlsx", "path": "d/*.xlsx", "columns": ["t"]},
+            "partitioning": {"kind": "hash", "count": 2}, "task": {"kind": "embed"},
+            "prepare": {"text_column": "t"}, "model": {"provider": "sentence_transformers"}}
+    with pytest.raises(SpecError) as error:
+        parse_spec(spec)
+    assert "source.format" in str(error.value) and all(repr(n) in str(error.value) for n in SOURCE_FORMATS)
