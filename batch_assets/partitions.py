@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PARTITION_TOKEN, PartitionDimensionSpec, PipelineSpec
+from batch_assets.spec_sections import PARTITION_TOKEN, PartitionDimensionSpec, PipelineSections
 from batch_assets.storage import filesystem_for, is_remote, shown_path
 
 RowFilter = Callable[[pa.RecordBatch], np.ndarray]
@@ -45,7 +45,7 @@ def hash_shard_keys(count: int) -> list[str]:
     return [f"shard-{i:0{width}d}-of-{count:0{width}d}" for i in range(count)]
 
 
-def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
+def partitions_def_for(spec: PipelineSections) -> dg.PartitionsDefinition:
     part = spec.partitioning
     if part.kind == "static":
         keys = part.keys or discover_file_keys(spec)
@@ -68,7 +68,7 @@ def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
     return dg.DynamicPartitionsDefinition(name=spec.name)
 
 
-def _dimension_def(spec: PipelineSpec, dim: PartitionDimensionSpec) -> dg.PartitionsDefinition:
+def _dimension_def(spec: PipelineSections, dim: PartitionDimensionSpec) -> dg.PartitionsDefinition:
     if dim.kind == "daily":
         return dg.DailyPartitionsDefinition(start_date=dim.start_date, end_date=dim.end_date, timezone=dim.timezone)
     if dim.kind == "static":
@@ -76,12 +76,12 @@ def _dimension_def(spec: PipelineSpec, dim: PartitionDimensionSpec) -> dg.Partit
     return dg.DynamicPartitionsDefinition(name=dynamic_dimension_name(spec, dim.name))
 
 
-def dynamic_dimension_name(spec: PipelineSpec, dimension: str) -> str:
+def dynamic_dimension_name(spec: PipelineSections, dimension: str) -> str:
     """The instance-wide name of a multi pipeline's dynamic dimension (dynamic keys live in the instance)."""
     return f"{spec.name}__{dimension}"
 
 
-def dimension_keys(spec: PipelineSpec, key: str) -> dict[str, str]:
+def dimension_keys(spec: PipelineSections, key: str) -> dict[str, str]:
     """A multi partition key's key in each dimension, by dimension name ({} for any other partitioning)."""
     part = spec.partitioning
     if part.kind != "multi":
@@ -98,12 +98,12 @@ def dimension_keys(spec: PipelineSpec, key: str) -> dict[str, str]:
     return dict(zip(names, parts))
 
 
-def multi_key(spec: PipelineSpec, by_dimension: dict[str, str]) -> str:
+def multi_key(spec: PipelineSections, by_dimension: dict[str, str]) -> str:
     """The multi partition key (as Dagster spells it) of one key per dimension."""
     return str(dg.MultiPartitionKey(by_dimension))
 
 
-def default_id_prefix(spec: PipelineSpec, url: str) -> str:
+def default_id_prefix(spec: PipelineSections, url: str) -> str:
     """The file part of a default row id ('<file>:<row>'). Multi partitioning names a partition's files by folders
     as well (data/reviews/{date}/{app}.jsonl): every day has an `android.jsonl`, so the id keeps the path from the
     first placeholder on (`2026-11-01/android.jsonl:3`), unique across partitions as a daily file's name is."""
@@ -115,7 +115,7 @@ def default_id_prefix(spec: PipelineSpec, url: str) -> str:
     return "/".join(parts[-(len(segments) - first):])
 
 
-def source_path_for(spec: PipelineSpec, key: str) -> str:
+def source_path_for(spec: PipelineSections, key: str) -> str:
     """source.path for one partition: {partition} is the whole key, and for multi partitioning {<dimension>} is
     that dimension's key (the placeholders of the agreed source interface)."""
     path = spec.source.path.replace(PARTITION_TOKEN, str(key))
@@ -162,7 +162,7 @@ def _expand_unchecked(pattern: str) -> list[str]:
     return matches
 
 
-def discover_file_keys(spec: PipelineSpec) -> list[str]:
+def discover_file_keys(spec: PipelineSections) -> list[str]:
     """Static partitioning without keys: one key per file, the part of its name that {partition} matches."""
     pattern = spec.source.path
     if PARTITION_TOKEN not in pattern:
@@ -198,7 +198,7 @@ def _file_key(url: str) -> str:
     return name.split(".", 1)[0]
 
 
-def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
+def resolve_partition(spec: PipelineSections, key: str) -> PartitionSlice:
     part, pattern = spec.partitioning, spec.source.path
     if part.kind == "multi":  # each partition reads its own files (spec.multi_partition_problems)
         concrete = source_path_for(spec, key)
@@ -225,7 +225,7 @@ def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
     return PartitionSlice(key, _require(_expand(concrete), spec, key, concrete))
 
 
-def _require(files: list[str], spec: PipelineSpec, key: str, pattern: str) -> list[str]:
+def _require(files: list[str], spec: PipelineSections, key: str, pattern: str) -> list[str]:
     if not files:
         raise PipelineError(
             "the source path does not exist (no file matches it)",

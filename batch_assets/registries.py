@@ -11,3 +11,5 @@ resources.registry.PROVIDERS) import nothing of the spec, so the schema reads th
 SOURCE_FORMATS = ("csv", "parquet", "jsonl", "files")
 SINK_FORMATS = ("parquet", "jsonl", "csv", "lancedb")
 SAMPLE_DATASETS = ("customers", "documents", "reviews", "quotes")
+# The columns of a `files` source (one row per file); stages/sources/files.py's SCHEMA gives their types.
+FILE_COLUMNS = ("file_path", "file_size", "file_mtime", "file_version")

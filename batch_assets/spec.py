@@ -6,10 +6,11 @@ pydantic (typed, with field paths in every error) and turned into Dagster assets
 spec itself stays a plain pydantic model, readable outside a Dagster process (the demo driver, benchmarks, tests).
 
 Three layers, imports running one way (tests/test_layout.py): the names a spec may choose (registries.py) at the
-bottom; the typed sections, each checking only itself (spec_sections.py); then, above the plug-ins that read those
-sections (task kinds, providers, source and sink formats), this module: `PipelineSpec`, whose check crosses the
-sections (template columns against source columns, task against provider capability) and asks each plug-in the spec
-names for its own rules (`spec_problems`), at definition load.
+bottom; the typed sections, each checking only itself (spec_sections.py), which is all the stages, their plug-ins
+(source and sink formats, partition kinds) and reliability/ read; then, above the stages, this module:
+`PipelineSpec`, whose check crosses the sections (template columns against source columns, task against provider
+capability) and asks each plug-in the spec names for its own rules (`spec_problems`), at definition load. Only what
+loads a spec (the code location, Components, commands, tests) imports it.
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, model_validator
 
-from batch_assets.registries import SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
+from batch_assets.registries import FILE_COLUMNS, SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
 from batch_assets.spec_prepare import ColumnTransform, DocumentSpec, JoinSpec, TrialSpec
-from batch_assets.stages.sources.files import FILE_COLUMNS
 from batch_assets.tasks import TASKS
 from batch_assets.resources.registry import PROVIDERS
 from batch_assets.resources.structured import StructuredOutput

@@ -4,19 +4,21 @@ order: a format the spec accepts always has a reader or writer, and every plug-i
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from batch_assets.orchestration.sample_data import GENERATORS
-from batch_assets.registries import SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
+from batch_assets.registries import FILE_COLUMNS, SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.stages.sinks import SINKS, sink_for
-from batch_assets.stages.sources import SOURCES, source_module
+from batch_assets.stages.sources import SOURCES, files, source_module
 
 
 @pytest.mark.parametrize(("names", "table"), [(SOURCE_FORMATS, SOURCES), (SINK_FORMATS, SINKS),
-                                              (SAMPLE_DATASETS, GENERATORS)],
-                         ids=["source formats", "sink formats", "sample datasets"])
-def test_every_name_the_spec_accepts_has_its_plug_in(names: tuple[str, ...], table: dict) -> None:
+                                              (SAMPLE_DATASETS, GENERATORS), (FILE_COLUMNS, files.SCHEMA.names)],
+                         ids=["source formats", "sink formats", "sample datasets", "columns of a files source"])
+def test_every_name_the_spec_accepts_has_its_plug_in(names: tuple[str, ...], table: Any) -> None:
     assert tuple(table) == names
 
 

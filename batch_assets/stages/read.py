@@ -29,7 +29,7 @@ from batch_assets.partitions import (
     stable_hash64,
 )
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
 from batch_assets.stages.sources.types import READ_ERROR_COLUMN, conform, target_schema

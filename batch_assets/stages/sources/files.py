@@ -32,19 +32,19 @@ from typing import Any
 
 import pyarrow as pa
 
+from batch_assets.registries import FILE_COLUMNS
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import filesystem_for, is_remote, open_input, shown_path
 
 __all__ = ["FILE_COLUMNS", "SCHEMA", "batches", "empty_schema", "file_infos", "file_row_ids", "open_input",
            "partition_batches"]
 
-SCHEMA = pa.schema([
+SCHEMA = pa.schema([  # the columns are FILE_COLUMNS, in order (tests/test_registries.py): the spec chooses from those
     pa.field("file_path", pa.string()),
     pa.field("file_size", pa.int64()),
     pa.field("file_mtime", pa.timestamp("us", tz="UTC")),
     pa.field("file_version", pa.string()),
 ])
-FILE_COLUMNS = tuple(SCHEMA.names)
 # An object-store folder holding more of a partition's files than this is listed once (one LIST per 1,000 objects)
 # instead of asked file by file (one HEAD each); a folder of 10,000 objects read by a one-file partition is still
 # asked for that object alone.
