@@ -33,6 +33,7 @@ from batch_assets.spec_sections import (  # some only handed on: the rest of the
     Toleration,
     parse_quantity,
 )
+from batch_assets.partitions import day_timezone, partition_kind, time_dimension
 from batch_assets.stages.sinks import sink_for
 from batch_assets.storage import is_remote, resolve_local
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
@@ -104,19 +105,7 @@ class PipelineSpec(PipelineSections):
         kind = TASKS[task.kind]
         problems += kind.spec_problems(self)  # what the task kind needs from the rest of the spec
 
-        part = self.partitioning
-        if part.kind == "hash" and not part.count:
-            problems.append(("partitioning.count", "hash partitioning needs count (number of shards)"))
-        if part.kind == "daily" and not part.start_date:
-            problems.append(("partitioning.start_date", "daily partitioning needs start_date (YYYY-MM-DD)"))
-        needs_token = part.kind in ("static", "dynamic") or (part.kind == "daily" and not part.time_column)
-        if needs_token and part.kind != "static" and PARTITION_TOKEN not in self.source.path:
-            problems.append(("source.path", f"{part.kind} partitioning needs {PARTITION_TOKEN} in the path"))
-        if part.kind == "static" and part.keys and PARTITION_TOKEN not in self.source.path:
-            problems.append(("source.path", f"static keys are substituted for {PARTITION_TOKEN}: add it to the path"))
-        if part.kind == "hash" and PARTITION_TOKEN in self.source.path:
-            problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
-        problems += multi_partition_problems(self)
+        problems += partition_kind(self).spec_problems(self)  # what the partitioning kind needs (partitions.py)
 
         secret_literals = literal_secrets(self.model.config)
         if secret_literals:
@@ -126,9 +115,6 @@ class PipelineSpec(PipelineSections):
         if self.source.format != "parquet" and any(r.min_rows is not None for r in self.runtime.resources.by_size):
             problems.append(("runtime.resources.by_size", "min_rows is read from Parquet footers: for a "
                              f"{self.source.format} source use min_bytes"))
-        if part.kind == "daily" and part.time_column and self.runtime.resources.by_size:
-            problems.append(("runtime.resources.by_size", "a day filtered from a time column has no size of its "
-                             "own in the source metadata: use partitions overrides instead"))
         policy = self.runtime.resources
         if any(r.gpu_strategy == "replicas" for r in (policy.default, *policy.partitions.values(), *policy.by_size)):
             problem = replicas_problem(self.model.provider, self.model.config)
@@ -252,33 +238,18 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     from dagster._utils.schedules import is_valid_cron_string
 
     problems: list[tuple[str, str]] = []
-    part = spec.partitioning
     if spec.schedule is not None:
-        if part.kind != "daily" and not (part.kind == "multi" and part.time_dimension() is not None):
+        if not partition_kind(spec).days and time_dimension(spec) is None:
             problems.append(("schedule", "a schedule materializes the newest complete day: it needs daily "
                              "partitioning, or multi partitioning with a daily dimension"))
         if not is_valid_cron_string(spec.schedule.cron):
             problems.append(("schedule.cron", f"{spec.schedule.cron!r} is not a cron string like '30 1 * * *'"))
         try:
-            ZoneInfo(spec.schedule.timezone or part.day_timezone())
+            ZoneInfo(spec.schedule.timezone or day_timezone(spec))
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(("schedule.timezone", f"unknown timezone {spec.schedule.timezone!r}"))
     if spec.sensor is not None:
-        if part.kind == "daily" and part.time_column and PARTITION_TOKEN not in spec.source.path:
-            problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
-                             "source.path, and here a day is made of rows of any file (time_column): a new file "
-                             "can change any day. Use `schedule:` instead (the newest complete day, once it has "
-                             "ended), or write one file per day and put {partition} in source.path (time_column "
-                             "then checks each row's day, see partitioning.day_check)"))
-        elif part.kind == "multi":
-            missing = [d.name for d in part.dimensions or [] if "{" + d.name + "}" not in spec.source.path]
-            if missing:
-                problems.append(("sensor", "a sensor maps each new file to a partition through each dimension's "
-                                 "placeholder in source.path; put " + " and ".join("{" + m + "}" for m in missing)
-                                 + " in it (e.g. data/reviews/{date}/{app}.jsonl)"))
-        elif part.kind == "hash" or PARTITION_TOKEN not in spec.source.path:
-            problems.append(("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
-                             "source.path; this pipeline has no per-file partitions"))
+        problems += partition_kind(spec).sensor_problems(spec)
         if spec.sensor.ready == "marker" and "/" in spec.sensor.marker:
             problems.append(("sensor.marker", "the marker is a file name in the data file's folder, not a path"))
     problems += _upstream_asset_problems(spec)
@@ -299,116 +270,16 @@ def _orchestration_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
             elif not is_valid_cron_string(auto.cron):
                 problems.append(("automation.cron", f"{auto.cron!r} is not a cron string like '0 2 * * *'"))
             try:
-                ZoneInfo(auto.timezone or part.day_timezone())
+                ZoneInfo(auto.timezone or day_timezone(spec))
             except (ZoneInfoNotFoundError, ValueError):
                 problems.append(("automation.timezone", f"unknown timezone {auto.timezone!r}"))
-        elif auto.condition == "on_missing" and (part.kind == "hash" or (part.kind == "static" and part.keys)):
+        elif auto.condition == "on_missing" and partition_kind(spec).no_new_keys(spec):
             problems.append(("automation.condition", "on_missing requests partitions that appear after it is "
-                             f"switched on, and this pipeline's partitions never change ({part.kind}"
-                             f"{' keys listed in the spec' if part.kind == 'static' else ' shards'}): it would "
-                             "never launch anything. Use a backfill for the partitions there are, or on_cron"))
+                             "switched on, and this pipeline's partitions never change "
+                             f"({partition_kind(spec).no_new_keys(spec)}): it would never launch anything. Use a "
+                             "backfill for the partitions there are, or on_cron"))
         if auto.condition != "on_cron" and (auto.cron or auto.timezone):
             problems.append(("automation.cron", f"cron and timezone are for on_cron; {auto.condition} has no ticks"))
-    return problems
-
-
-PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Dagster joins a multi-partition key's dimension keys with '|' and lists keys with ',' and '[...]' (dagster's
-# INVALID_STATIC_PARTITIONS_KEY_CHARACTERS): a key holding one would be split wrongly, or silently dropped.
-MULTI_KEY_FORBIDDEN = ("|", ",", "[", "]")
-
-
-def multi_partition_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
-    """`partitioning.kind: multi`: two dimensions Dagster's MultiPartitionsDefinition accepts, each reachable from
-    source.path. Checked here, at load, because Dagster's own errors come later (at a run) or never: a dynamic key
-    with '|' is silently left out of the partitions."""
-    part = spec.partitioning
-    if part.kind != "multi":
-        if part.dimensions is not None:
-            return [("partitioning.dimensions", f"dimensions are for kind: multi, not {part.kind!r}")]
-        return []
-    problems: list[tuple[str, str]] = []
-    for field in ("keys", "count", "start_date", "end_date", "time_column"):
-        if getattr(part, field) is not None:
-            problems.append((f"partitioning.{field}", f"kind: multi sets {field} on its dimension "
-                             "(partitioning.dimensions), not on partitioning"))
-    dims = part.dimensions or []
-    if len(dims) != 2:
-        return problems + [("partitioning.dimensions", f"kind: multi needs exactly two dimensions (Dagster's "
-                            f"MultiPartitionsDefinition), e.g. a daily `date` and a static `app`; got {len(dims)}")]
-    names = [d.name for d in dims]
-    for i, dim in enumerate(dims):
-        where = f"partitioning.dimensions.{i}"
-        if not dim.name.isidentifier() or dim.name == "partition":
-            problems.append((f"{where}.name", f"{dim.name!r} must be an identifier (letters, digits, _) other than "
-                             "'partition': it is the {" + dim.name + "} placeholder of source.path"))
-        if dim.kind == "daily" and not dim.start_date:
-            problems.append((f"{where}.start_date", "a daily dimension needs start_date (YYYY-MM-DD)"))
-        if dim.kind != "daily" and (dim.start_date or dim.end_date):
-            problems.append((f"{where}.start_date", f"start_date / end_date are for a daily dimension, not {dim.kind}"))
-        if dim.kind == "static" and not dim.keys:
-            problems.append((f"{where}.keys", "a static dimension lists its keys"))
-        if dim.kind != "static" and dim.keys is not None:
-            problems.append((f"{where}.keys", f"keys are listed for a static dimension; a {dim.kind} dimension's "
-                             "keys " + ("are days" if dim.kind == "daily" else "are added at run time")))
-        for key in dim.keys or []:
-            bad = [c for c in MULTI_KEY_FORBIDDEN if c in key]
-            if bad or not key:
-                problems.append((f"{where}.keys", f"key {key!r} " + (f"holds {' '.join(bad)}, which Dagster uses "
-                                 "to join and list multi-partition keys: rename it" if bad else "is empty")))
-        if dim.keys and len(set(dim.keys)) != len(dim.keys):
-            problems.append((f"{where}.keys", "a key is listed twice"))
-    if names[0] == names[1]:
-        problems.append(("partitioning.dimensions", f"the two dimensions are both named {names[0]!r}"))
-    if sum(d.kind == "daily" for d in dims) > 1:
-        problems.append(("partitioning.dimensions", "at most one daily dimension: a day crossed with a day is not a "
-                         "key of its own; cross the day with a static or dynamic dimension"))
-    if sum(d.kind == "dynamic" for d in dims) > 1:
-        problems.append(("partitioning.dimensions", "at most one dynamic dimension: a sensor could not tell which "
-                         "of two new keys is which"))
-    used = set(PLACEHOLDER_RE.findall(spec.source.path))
-    unknown = sorted(used - set(names) - {"partition"})
-    if unknown:
-        problems.append(("source.path", f"placeholder(s) {', '.join('{' + u + '}' for u in unknown)} name no "
-                         f"dimension (dimensions: {', '.join(names)}; {PARTITION_TOKEN} is the whole key)"))
-    if "partition" not in used and not set(names) <= used:
-        missing = [n for n in names if n not in used]
-        problems.append(("source.path", "multi partitioning reads each partition's own files: put "
-                         f"{' and '.join('{' + m + '}' for m in missing)} in the path (e.g. "
-                         "data/reviews/{date}/{app}.jsonl)"))
-    if spec.source.sample is not None:
-        problems.append(("source.sample", "sample data is not generated for multi partitioning: point source.path "
-                         "at your files"))
-    problems += _multi_override_problems(dims, spec.runtime.resources.partitions)
-    return problems
-
-
-def _multi_override_problems(dims: list[PartitionDimensionSpec], overrides: dict[str, Any]) -> list[tuple[str, str]]:
-    """`runtime.resources.partitions` keys of a multi pipeline: a key in the spec's dimension order (or with a
-    part no dimension has) would never match, and the step would run on the default resources without a word."""
-    from datetime import datetime
-
-    ordered = sorted(dims, key=lambda d: d.name)  # Dagster's order of a key's parts
-    shape = "|".join(f"<{d.name}>" for d in ordered)
-    problems = []
-    for pattern in overrides:
-        parts = pattern.split("|")
-        if len(parts) != 2:
-            problems.append(("runtime.resources.partitions", f"{pattern!r} is not a two-dimensional key: write "
-                             f"{shape} (dimension-name order), globs allowed, e.g. '{ordered[0].name}-key|*'"))
-            continue
-        for dim, part in zip(ordered, parts):
-            if any(c in part for c in "*?["):
-                continue
-            if dim.kind == "static" and part not in (dim.keys or []):
-                problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a key of dimension "
-                                 f"{dim.name!r} ({', '.join(dim.keys or [])}); keys are {shape}"))
-            elif dim.kind == "daily":
-                try:
-                    datetime.strptime(part, "%Y-%m-%d")
-                except ValueError:
-                    problems.append(("runtime.resources.partitions", f"{pattern!r}: {part!r} is not a day "
-                                     f"(YYYY-MM-DD) of dimension {dim.name!r}; keys are {shape}"))
     return problems
 
 
@@ -418,7 +289,7 @@ ASSET_KEY_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-.]*$")
 def _upstream_asset_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     """source.asset: a key Dagster accepts, partitions that can map one to one, and one launcher. Whether the key
     exists and its partitions match are known only with the whole code location: orchestration/upstream.py."""
-    asset, part = spec.source.asset, spec.partitioning
+    asset = spec.source.asset
     if asset is None:
         return []
     problems: list[tuple[str, str]] = []
@@ -429,14 +300,7 @@ def _upstream_asset_problems(spec: "PipelineSpec") -> list[tuple[str, str]]:
     elif parts[0] == spec.name:
         problems.append(("source.asset", f"{asset!r} is one of this pipeline's own assets: name the asset of your "
                          "project that writes the source files"))
-    if part.kind == "hash":
-        problems.append(("source.asset", "hash shards have no upstream partition to map to: partition the "
-                         "pipeline as the upstream asset is (daily, static or dynamic), or drop source.asset"))
-    elif PARTITION_TOKEN not in spec.source.path and not (
-            part.kind == "multi" and {d.name for d in part.dimensions or []} <= set(PLACEHOLDER_RE.findall(spec.source.path))):
-        problems.append(("source.path", f"with source.asset, the path says where the upstream asset writes each "
-                         f"partition: put {PARTITION_TOKEN} in it (e.g. data/{parts[-1]}/{PARTITION_TOKEN}.jsonl; "
-                         "two-dimensional partitions: each {<dimension>})"))
+    problems += partition_kind(spec).upstream_problems(spec, parts[-1])
     others = [name for name in ("schedule", "sensor") if getattr(spec, name) is not None]
     if others:
         problems.append(("source.asset", f"the pipeline runs when {asset!r} is materialized (declarative "

@@ -17,7 +17,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, model_validator
 
-from batch_assets.registries import FILE_COLUMNS, SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
+from batch_assets.registries import (
+    DIMENSION_KINDS,
+    FILE_COLUMNS,
+    PARTITION_KINDS,
+    SAMPLE_DATASETS,
+    SINK_FORMATS,
+    SOURCE_FORMATS,
+)
 from batch_assets.spec_prepare import ColumnTransform, DocumentSpec, JoinSpec, TrialSpec
 from batch_assets.tasks import TASKS
 from batch_assets.resources.registry import PROVIDERS
@@ -116,7 +123,7 @@ class PartitionDimensionSpec(_Strict):
 
     name: str = Field(description="multi: the dimension's name, an identifier (e.g. date, app); {name} in "
                       "source.path is replaced by this dimension's key.")
-    kind: Literal["daily", "static", "dynamic"] = Field(
+    kind: Literal[DIMENSION_KINDS] = Field(
         description="multi: daily (one key per day, YYYY-MM-DD), static (the keys listed) or dynamic (keys added "
         "at run time: the UI, a sensor, `add_partitions`).")
     keys: list[str] | None = Field(default=None, description="multi, static dimension: its keys.")
@@ -126,7 +133,7 @@ class PartitionDimensionSpec(_Strict):
 
 
 class PartitioningSpec(_Strict):
-    kind: Literal["static", "hash", "daily", "dynamic", "multi"] = Field(
+    kind: Literal[PARTITION_KINDS] = Field(
         description="static, hash, daily, dynamic, or multi: two dimensions crossed (e.g. day x app), each "
         "partition key being the two dimension keys joined by '|' in the order of the dimension NAMES "
         "(app and date: 'android|2026-11-01'). See docs/concepts.md, 'Two-dimensional partitions'.")
@@ -137,14 +144,6 @@ class PartitioningSpec(_Strict):
         "data/reviews/{date}/{app}.jsonl).",
     )
 
-    def time_dimension(self) -> PartitionDimensionSpec | None:
-        """multi: the daily dimension, if there is one (a schedule ticks over it)."""
-        return next((d for d in self.dimensions or [] if d.kind == "daily"), None) if self.kind == "multi" else None
-
-    def day_timezone(self) -> str:
-        """The timezone of the day boundaries: daily's, or a multi partitioning's daily dimension's."""
-        dim = self.time_dimension()
-        return dim.timezone if dim is not None else self.timezone
     keys: list[str] | None = Field(
         default=None,
         description="static: the partition keys, each substituted for {partition} in source.path. When omitted, "

@@ -36,7 +36,7 @@ from batch_assets.orchestration.resource_policy import INFER_STAGE, PIPELINE_TAG
 from batch_assets.orchestration.stopping import stoppable
 from batch_assets.orchestration.upstream import upstream_dep
 from batch_assets.orchestration.sample_data import ensure_sample
-from batch_assets.partitions import partitions_def_for
+from batch_assets.partitions import partition_kind, partitions_def_for
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
 from batch_assets.reliability.locks import partition_lock
 from batch_assets.spec import PipelineSpec
@@ -399,7 +399,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 report.preview = preview_of(report.path, spec.source.columns[:8])
             return reports
 
-        if spec.partitioning.kind == "hash" and len(context.partition_keys) > 1:
+        if partition_kind(spec).reads_whole_source and len(context.partition_keys) > 1:
             # Every hash shard reads the whole source: the shards of one run share a single read.
             reports = run_partitions_together(context, spec, together)
         else:

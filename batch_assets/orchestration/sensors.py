@@ -44,8 +44,8 @@ from batch_assets.orchestration.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.factory import STORAGE_KEY
 from batch_assets.orchestration.lineage import file_modified
 from batch_assets.orchestration.sample_data import ensure_sample
-from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
-from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
+from batch_assets.partitions import MULTI_KEY_FORBIDDEN, dimension_keys, partition_kind, partitions_def_for
+from batch_assets.spec import PipelineSpec
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, filesystem_for
 
@@ -86,9 +86,7 @@ _modified = file_modified
 
 def _placeholders(spec: PipelineSpec) -> list[str]:
     """The names a file's path gives a key for: {partition}, or each dimension of multi partitioning."""
-    if spec.partitioning.kind == "multi":
-        return [d.name for d in spec.partitioning.dimensions or []]
-    return [PARTITION_TOKEN.strip("{}")]
+    return partition_kind(spec).placeholders(spec)
 
 
 def _key_pattern(path: str, names: list[str]) -> re.Pattern[str]:
@@ -108,9 +106,7 @@ def _key_pattern(path: str, names: list[str]) -> re.Pattern[str]:
 
 
 def _file_key(spec: PipelineSpec, match: re.Match[str], names: list[str]) -> str:
-    if spec.partitioning.kind == "multi":
-        return multi_key(spec, {name: match[name] for name in names})
-    return match[names[0]]
+    return partition_kind(spec).key_of(spec, {name: match[name] for name in names})
 
 
 def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
