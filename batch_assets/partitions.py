@@ -1,7 +1,7 @@
 """Partitioning: which Dagster partitions a pipeline has, and which source rows each one reads.
 
 - static: explicit keys substituted for {partition} in the source path, or one key per file found at load;
-- hash: N shards over every source row, by a stable hash of the row id;
+- hash: N shards over every source row, by the row id's stable hash (reliability/row_ids.py);
 - daily: one partition per day, from a per-day file ({partition} = YYYY-MM-DD) or a timestamp column;
 - dynamic: keys added at run time (UI, sensor, `add_partitions`), each substituted for {partition}.
 - multi: two dimensions crossed (Dagster's MultiPartitionsDefinition: a day or static keys x static or dynamic
@@ -21,7 +21,6 @@ registries.PARTITION_KINDS.
 from __future__ import annotations
 
 import glob as globlib
-import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
+from batch_assets.reliability.row_ids import row_hashes
 from batch_assets.spec_sections import PARTITION_TOKEN, PartitionDimensionSpec, PartitioningSpec, PipelineSections
 from batch_assets.storage import filesystem_for, is_remote, shown_path
 
@@ -644,28 +644,6 @@ def _require(files: list[str], spec: PipelineSections, key: str, pattern: str) -
             "and AWS_ENDPOINT_URL",
         )
     return files
-
-
-def stable_hash64(values: list[str]) -> np.ndarray:
-    """A hash of each row id that is the same in every process and Python version (unlike hash()).
-
-    blake2b-64 of the UTF-8 id, read little-endian: shard assignment of existing data depends on these exact
-    values, so the function never changes. Computed once per row, in the read stage (`ROW_HASH` column); the
-    digests are joined and viewed as one uint64 array instead of converting each to a Python int."""
-    blake = hashlib.blake2b
-    digests = b"".join([blake(v.encode("utf-8"), digest_size=8).digest() for v in values])
-    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
-
-
-ROW_HASH = "_row_hash"
-
-
-def row_hashes(batch: pa.RecordBatch) -> np.ndarray:
-    """The row ids' stable hashes: the `_row_hash` column the read stage carries (files written before it
-    existed: computed from `row_id`)."""
-    if ROW_HASH in batch.schema.names:
-        return batch.column(ROW_HASH).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
-    return stable_hash64(batch.column("row_id").to_pylist())
 
 
 def shard_of(hashes: np.ndarray, count: int) -> np.ndarray:

@@ -18,17 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import (
+from batch_assets.partitions import PartitionSlice, default_id_prefix, hash_shard_keys, resolve_partition, shard_of
+from batch_assets.reliability.row_ids import (
+    FINGERPRINT_KEY,
     ROW_HASH,
-    PartitionSlice,
-    default_id_prefix,
-    hash_shard_keys,
-    resolve_partition,
+    RowIdFingerprint,
+    UniqueIdChecker,
     row_hashes,
-    shard_of,
     stable_hash64,
 )
-from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
 from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
