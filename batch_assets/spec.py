@@ -35,6 +35,7 @@ from batch_assets.spec_sections import (  # some only handed on: the rest of the
 )
 from batch_assets.partitions import day_timezone, partition_kind, time_dimension
 from batch_assets.stages.sinks import sink_for
+from batch_assets.stages.sources import source_module
 from batch_assets.storage import is_remote, resolve_local
 from batch_assets.tasks import RESERVED_COLUMNS, TASKS
 from batch_assets.resources.protocols import supports
@@ -112,9 +113,7 @@ class PipelineSpec(PipelineSections):
             problems.append(("model.config", literal_secret_problem(secret_literals)))
         problems += _orchestration_problems(self)
 
-        if self.source.format != "parquet" and any(r.min_rows is not None for r in self.runtime.resources.by_size):
-            problems.append(("runtime.resources.by_size", "min_rows is read from Parquet footers: for a "
-                             f"{self.source.format} source use min_bytes"))
+        problems += source_module(self.source.format).spec_problems(self)  # stages/sources/<format>.py
         policy = self.runtime.resources
         if any(r.gpu_strategy == "replicas" for r in (policy.default, *policy.partitions.values(), *policy.by_size)):
             problem = replicas_problem(self.model.provider, self.model.config)

@@ -91,7 +91,6 @@ class SourceSpec(_Strict):
         "timezone, the same static keys, or dynamic partitions named after this pipeline).",
     )
 
-
     @model_validator(mode="before")
     @classmethod
     def _file_columns_by_default(cls, data: Any) -> Any:
@@ -100,23 +99,6 @@ class SourceSpec(_Strict):
             return {**data, "columns": list(FILE_COLUMNS)}
         return data
 
-    @model_validator(mode="after")
-    def _files_rules(self) -> "SourceSpec":
-        """What a files source reads is fixed: its columns, their types; the text settings do not apply."""
-        if self.format != "files":
-            return self
-        problems = []
-        unknown = [c for c in self.columns if c not in FILE_COLUMNS]
-        if unknown:
-            problems.append(f"columns: {', '.join(map(repr, unknown))} is not a column of a files source (one row "
-                            f"per file: {', '.join(FILE_COLUMNS)}); name the file's column, or leave columns out")
-        for name in ("types", "sample"):
-            if getattr(self, name):
-                problems.append(f"{name}: does not apply to a files source (one row per file, with fixed columns "
-                                f"and types): remove it")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 class PartitionDimensionSpec(_Strict):
     """One dimension of `kind: multi` partitioning (two of them: a day or a set of keys, crossed with keys)."""

@@ -22,10 +22,13 @@ def test_every_name_the_spec_accepts_has_its_plug_in(names: tuple[str, ...], tab
     assert tuple(table) == names
 
 
-def test_each_registered_plug_in_loads() -> None:
-    assert all(callable(getattr(source_module(name), "batches", None))
-               or callable(getattr(source_module(name), "partition_batches", None)) for name in SOURCE_FORMATS)
-    assert all(callable(sink_for(name).write) for name in SINK_FORMATS)
+def test_each_registered_plug_in_loads_with_its_own_spec_rules() -> None:
+    for name in SOURCE_FORMATS:
+        reader = source_module(name)
+        assert callable(getattr(reader, "batches", None)) or callable(getattr(reader, "partition_batches", None))
+        assert callable(reader.spec_problems), f"source format {name!r} states its own spec rules"
+    for name in SINK_FORMATS:
+        assert callable(sink_for(name).write) and callable(sink_for(name).spec_problems)
 
 
 def test_a_name_outside_the_registry_is_refused_with_the_choices() -> None:

@@ -2,8 +2,9 @@
 
 A format's module has `batches(spec, url)`: the file's declared columns (`spec.source.columns`) streamed as Arrow
 record batches, a PipelineError for what is wrong with the file; and `empty_schema(spec, url)`: the column types of
-a file with no rows when the format stores them (Parquet), else None. The read stage (stages/read.py) adds row ids
-and lineage around them.
+a file with no rows when the format stores them (Parquet), else None; and `spec_problems(spec)`: what the spec asks
+that this format cannot do, as (field, problem) pairs, asked by spec.PipelineSpec at load. The read stage
+(stages/read.py) adds row ids and lineage around them.
 
 A format whose rows are the files themselves (`files`: one row per file, files.py) has `partition_batches(spec,
 urls, cache_root)` instead: the read stage hands it every file of the partition at once, so that a partition of

@@ -1,10 +1,23 @@
-"""What the source formats share: the declared-columns check, the bad-UTF-8 row finder."""
+"""What the source formats share: the declared-columns check, the bad-UTF-8 row finder, the size rules of a format
+without row counts in its metadata."""
 
 from __future__ import annotations
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import filesystem_for
+
+Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
+
+
+def no_row_count_problems(spec: PipelineSections) -> Problems:
+    """A format whose files do not say how many rows they hold (only Parquet's footers do): runtime.resources
+    by_size rules can size a partition by its bytes only."""
+    if any(r.min_rows is not None for r in spec.runtime.resources.by_size):
+        return [("runtime.resources.by_size", "min_rows is read from Parquet footers: for a "
+                 f"{spec.source.format} source use min_bytes")]
+    return []
+
 
 def missing_columns(spec: PipelineSections, found: list[str]) -> None:
     missing = [c for c in spec.source.columns if c not in found]

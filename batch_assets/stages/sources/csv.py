@@ -10,8 +10,13 @@ import pyarrow.csv as pacsv
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec_sections import PipelineSections
-from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
+from batch_assets.stages.sources.common import Problems, first_bad_utf8_row, missing_columns, no_row_count_problems
 from batch_assets.storage import filesystem_for
+
+
+def spec_problems(spec: PipelineSections) -> Problems:
+    """What the spec asks that this format cannot do (spec.PipelineSpec asks at load)."""
+    return no_row_count_problems(spec)
 
 
 def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:

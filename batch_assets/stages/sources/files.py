@@ -33,11 +33,12 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.registries import FILE_COLUMNS
+from batch_assets.stages.sources.common import Problems, no_row_count_problems
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import filesystem_for, is_remote, open_input, shown_path
 
 __all__ = ["FILE_COLUMNS", "SCHEMA", "batches", "empty_schema", "file_infos", "file_row_ids", "open_input",
-           "partition_batches"]
+           "partition_batches", "spec_problems"]
 
 SCHEMA = pa.schema([  # the columns are FILE_COLUMNS, in order (tests/test_registries.py): the spec chooses from those
     pa.field("file_path", pa.string()),
@@ -54,6 +55,21 @@ GONE = "not found (removed after it was listed, or a link to nothing)"
 READ_ERRORS = ("are files that could not be looked up or read",
                "fix the access to the files named (or remove them), or raise runtime.max_error_fraction to keep such "
                "files as row errors")
+
+
+def spec_problems(spec: Any) -> Problems:
+    """What a files source reads is fixed: its columns and their types; sample data does not apply (spec.PipelineSpec
+    asks at load)."""
+    problems: Problems = []
+    unknown = [c for c in spec.source.columns if c not in FILE_COLUMNS]
+    if unknown:
+        problems.append(("source.columns", f"{', '.join(map(repr, unknown))} is not a column of a files source (one "
+                         f"row per file: {', '.join(FILE_COLUMNS)}); name the file's column, or leave columns out"))
+    for name in ("types", "sample"):
+        if getattr(spec.source, name):
+            problems.append((f"source.{name}", "does not apply to a files source (one row per file, with fixed "
+                             "columns and types): remove it"))
+    return problems + no_row_count_problems(spec)
 
 
 def partition_batches(spec: Any, urls: list[str], cache_root: str | None = None, versions: bool = True
