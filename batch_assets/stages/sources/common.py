@@ -8,6 +8,19 @@ from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import filesystem_for
 
 Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
+# The `source` fields only some formats read; each format's module lists those it reads in its OPTIONS.
+FORMAT_OPTIONS = ("encoding", "block_size", "types", "sample")
+
+
+def option_problems(spec: PipelineSections, options: frozenset[str], why: str | None = None) -> Problems:
+    """A source option the format does not read, set to anything but its default: refused rather than ignored
+    (a parquet source's `encoding` would otherwise change nothing, without a word). `why`: what the format reads
+    instead."""
+    source, fields = spec.source, type(spec.source).model_fields
+    because = f" ({why})" if why else ""
+    return [(f"source.{name}", f"does not apply to a {source.format} source{because}: remove it")
+            for name in FORMAT_OPTIONS
+            if name not in options and getattr(source, name) != fields[name].get_default(call_default_factory=True)]
 
 
 def no_row_count_problems(spec: PipelineSections) -> Problems:

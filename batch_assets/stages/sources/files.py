@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.registries import FILE_COLUMNS
-from batch_assets.stages.sources.common import Problems, no_row_count_problems
+from batch_assets.stages.sources.common import Problems, no_row_count_problems, option_problems
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import filesystem_for, is_remote, open_input, shown_path
 
@@ -57,18 +57,18 @@ READ_ERRORS = ("are files that could not be looked up or read",
                "files as row errors")
 
 
+OPTIONS: frozenset[str] = frozenset()  # no source field of common.FORMAT_OPTIONS applies to the files themselves
+
+
 def spec_problems(spec: Any) -> Problems:
-    """What a files source reads is fixed: its columns and their types; sample data does not apply (spec.PipelineSpec
-    asks at load)."""
+    """What a files source reads is fixed: its columns and their types; no text setting or sample data applies
+    (spec.PipelineSpec asks at load)."""
     problems: Problems = []
     unknown = [c for c in spec.source.columns if c not in FILE_COLUMNS]
     if unknown:
         problems.append(("source.columns", f"{', '.join(map(repr, unknown))} is not a column of a files source (one "
                          f"row per file: {', '.join(FILE_COLUMNS)}); name the file's column, or leave columns out"))
-    for name in ("types", "sample"):
-        if getattr(spec.source, name):
-            problems.append((f"source.{name}", "does not apply to a files source (one row per file, with fixed "
-                             "columns and types): remove it"))
+    problems += option_problems(spec, OPTIONS, "one row per file, with fixed columns and types")
     return problems + no_row_count_problems(spec)
 
 

@@ -18,16 +18,20 @@ import pyarrow.json as pajson
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec_sections import PipelineSections
-from batch_assets.stages.sources.common import Problems, first_bad_utf8_row, missing_columns, no_row_count_problems
+from batch_assets.stages.sources.common import Problems, option_problems, first_bad_utf8_row, missing_columns, no_row_count_problems
 from batch_assets.stages.sources.types import declared_types
 from batch_assets.storage import filesystem_for
 
 BOM = b"\xef\xbb\xbf"
 
 
+# The source fields of common.FORMAT_OPTIONS this format reads (a spec setting another is refused).
+OPTIONS = frozenset({"encoding", "block_size", "types", "sample"})
+
+
 def spec_problems(spec: PipelineSections) -> Problems:
     """What the spec asks that this format cannot do (spec.PipelineSpec asks at load)."""
-    return no_row_count_problems(spec)
+    return option_problems(spec, OPTIONS) + no_row_count_problems(spec)
 
 
 def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:

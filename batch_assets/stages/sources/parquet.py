@@ -9,13 +9,17 @@ import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec_sections import PipelineSections
-from batch_assets.stages.sources.common import Problems, missing_columns
+from batch_assets.stages.sources.common import Problems, option_problems, missing_columns
 from batch_assets.storage import filesystem_for
 
 
+# The source fields of common.FORMAT_OPTIONS this format reads (a spec setting another is refused).
+OPTIONS = frozenset({"types", "sample"})
+
+
 def spec_problems(spec: PipelineSections) -> Problems:
-    """What the spec asks that this format cannot do: nothing (its footers hold the row counts by_size asks for)."""
-    return []
+    """What the spec asks that this format cannot do (its footers hold the row counts by_size asks for)."""
+    return option_problems(spec, OPTIONS, "a Parquet file holds its own encoding and row groups")
 
 
 def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
