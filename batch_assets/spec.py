@@ -63,8 +63,8 @@ def replica_providers() -> list[str]:
 
 
 class PipelineSpec(PipelineSections):
-    """A pipeline spec: its sections (spec_sections.py), checked against each other and against the plug-ins it
-    names (the task kind, the provider, the sink format), at load."""
+    """A pipeline spec: its sections (spec_sections.py), checked against each other and by the plug-ins it names
+    (task kind, partition kind, provider, source and sink format: each states its own rules), at load."""
 
     @model_validator(mode="after")
     def _cross_check(self) -> "PipelineSpec":
