@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import hash_shard_keys, partition_kind, partitions_def_for, resolve_partition, shard_of
+from batch_assets.partition_files import shard_of
+from batch_assets.partitions import hash_shard_keys, partition_kind, partitions_def_for, resolve_partition
 from batch_assets.reliability.row_ids import stable_hash64
 from batch_assets.spec import PipelineSpec, written_path
 from batch_assets.stages.sources.files import file_infos, file_row_ids

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import PartitionSlice, default_id_prefix, hash_shard_keys, resolve_partition, shard_of
+from batch_assets.partition_files import PartitionSlice, hash_shard_keys, shard_of
+from batch_assets.partitions import default_id_prefix, resolve_partition
 from batch_assets.reliability.row_ids import (
     FINGERPRINT_KEY,
     ROW_HASH,
