@@ -1,7 +1,7 @@
 """Partitioning: which Dagster partitions a pipeline has, and which source rows each one reads.
 
 - static: explicit keys substituted for {partition} in the source path, or one key per file found at load;
-- hash: N shards over every source row, by a stable hash of the row id;
+- hash: N shards over every source row, by the row id's stable hash (reliability/row_ids.py);
 - daily: one partition per day, from a per-day file ({partition} = YYYY-MM-DD) or a timestamp column;
 - dynamic: keys added at run time (UI, sensor, `add_partitions`), each substituted for {partition}.
 - multi: two dimensions crossed (Dagster's MultiPartitionsDefinition: a day or static keys x static or dynamic
@@ -9,46 +9,199 @@
   'android|2026-11-01'); each dimension's key is substituted for {<name>} in the source path, the whole key for
   {partition}. Everywhere else (storage paths, checkpoints, locks, lineage, dead letters) the whole key is the
   partition key, quoted for paths like any other key (storage.partition_file_name).
+
+One class per kind (`StaticKind`, `HashKind`, `DailyKind`, `DynamicKind`, `MultiKind`), in one table, `KINDS`, like
+the task table: the only place that compares partitioning kinds (tests/test_partition_kinds.py fails on a `kind ==`
+anywhere else). A kind answers what the spec alone tells (its own checks, which spec.PipelineSpec asks at load; what
+a sensor, a schedule, an upstream asset or automation can do with it) and what a run needs (Dagster's partitions
+definition, the files and rows of one partition, with the listing and row filters of partition_files.py). A new
+kind is one class, one table entry and its name in registries.PARTITION_KINDS.
 """
 
 from __future__ import annotations
 
-import glob as globlib
-import hashlib
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
+from typing import Any, ClassVar
 
 import dagster as dg
-import numpy as np
-import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PARTITION_TOKEN, PartitionDimensionSpec, PipelineSpec
-from batch_assets.storage import filesystem_for, is_remote, shown_path
+from batch_assets.partition_files import (
+    PartitionSlice,
+    day_check,
+    day_filter,
+    discover_file_keys,
+    expand,
+    file_key,
+    hash_filter,
+    hash_shard_keys,
+    require_files,
+)
+from batch_assets.spec_sections import PARTITION_TOKEN, PartitionDimensionSpec, PartitioningSpec, PipelineSections
+from batch_assets.storage import shown_path
+Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Dagster joins a multi-partition key's dimension keys with '|' and lists keys with ',' and '[...]' (dagster's
+# INVALID_STATIC_PARTITIONS_KEY_CHARACTERS): a key holding one would be split wrongly, or silently dropped.
+MULTI_KEY_FORBIDDEN = ("|", ",", "[", "]")
 
-RowFilter = Callable[[pa.RecordBatch], np.ndarray]
+
+class PartitionKind:
+    """One partitioning kind (`partitioning.kind`, or a `multi` dimension's kind): the one place that decides which
+    partitions a pipeline has, which files and rows each reads, how a new file maps to one, and what the kind needs
+    from the rest of the spec. Class methods only: a kind is a rule over the spec, with no state of its own.
+    Subclasses set the class attributes and override what differs."""
+
+    kind: ClassVar[str]
+    dimension: ClassVar[bool] = False  # may be one dimension of `kind: multi` (registries.DIMENSION_KINDS)
+    days: ClassVar[bool] = False  # the keys are days, YYYY-MM-DD (a schedule ticks over them)
+    # Every partition reads every source file and keeps its share of the rows: the partitions of one run share one
+    # read, and what a partition holds is known only from its rows' ids.
+    reads_whole_source: ClassVar[bool] = False
+    added_at_run_time: ClassVar[bool] = False  # the keys are added at run time (the UI, a sensor, add_partitions)
+
+    # -- from the spec alone -----------------------------------------------------------------------------------------
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        """What this kind needs from the spec (partitioning's own fields, source.path); the generic column checks
+        stay in spec.PipelineSpec."""
+        part = spec.partitioning
+        if part.dimensions is not None:
+            return [("partitioning.dimensions", f"dimensions are for kind: multi, not {part.kind!r}")]
+        return []
+
+    @classmethod
+    def time_dimension(cls, spec: PipelineSections) -> PartitionDimensionSpec | None:
+        """multi: the daily dimension, if there is one (a schedule ticks over it)."""
+        return None
+
+    @classmethod
+    def no_new_keys(cls, spec: PipelineSections) -> str | None:
+        """Why this pipeline's partitions never change (automation's on_missing would never launch), or None."""
+        return None
+
+    @classmethod
+    def shards(cls, spec: PipelineSections) -> int:
+        """How many partitions split the same source rows between them (a partition's size is 1/shards of its
+        files'): 1 unless every partition reads the whole source."""
+        return 1
+
+    @classmethod
+    def placeholders(cls, spec: PipelineSections) -> list[str]:
+        """The names in source.path a file's path gives a key for: {partition}, or each dimension's {<name>}."""
+        return [PARTITION_TOKEN.strip("{}")]
+
+    @classmethod
+    def key_of(cls, spec: PipelineSections, values: dict[str, str]) -> str:
+        """The partition key of a file whose path gave `values` for `placeholders(spec)`."""
+        return values[PARTITION_TOKEN.strip("{}")]
+
+    @classmethod
+    def reads_own_files(cls, spec: PipelineSections) -> bool:
+        """Each partition reads files of its own, named through source.path's placeholders (a sensor and an
+        upstream asset map a file to a partition that way)."""
+        return PARTITION_TOKEN in spec.source.path
+
+    @classmethod
+    def sensor_problems(cls, spec: PipelineSections) -> Problems:
+        if cls.reads_own_files(spec):
+            return []
+        return [("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in source.path; "
+                 "this pipeline has no per-file partitions")]
+
+    @classmethod
+    def upstream_problems(cls, spec: PipelineSections, asset_name: str) -> Problems:
+        """source.asset: this kind's partitions mapped one to one onto the upstream asset's (identity)."""
+        if cls.reads_own_files(spec):
+            return []
+        return [("source.path", f"with source.asset, the path says where the upstream asset writes each partition: "
+                 f"put {PARTITION_TOKEN} in it (e.g. data/{asset_name}/{PARTITION_TOKEN}.jsonl; two-dimensional "
+                 "partitions: each {<dimension>})")]
+
+    @classmethod
+    def dimension_problems(cls, dim: PartitionDimensionSpec, where: str) -> Problems:
+        """multi: what this kind needs of one dimension."""
+        problems: Problems = []
+        if dim.start_date or dim.end_date:
+            problems.append((f"{where}.start_date", f"start_date / end_date are for a daily dimension, not {dim.kind}"))
+        if dim.keys is not None:
+            problems.append((f"{where}.keys", f"keys are listed for a static dimension; a {dim.kind} dimension's "
+                             "keys " + ("are days" if cls.days else "are added at run time" if cls.added_at_run_time
+                                        else "are not listed")))
+        return problems
+
+    @classmethod
+    def dimension_key_problem(cls, dim: PartitionDimensionSpec, key: str) -> str | None:
+        """multi: why `key` is not a key of this dimension, when that is known from the spec (else None)."""
+        return None
+
+    # -- Dagster's partitions and the rows of one ----------------------------------------------------------------------
+    @classmethod
+    def definition(cls, part: PartitioningSpec | PartitionDimensionSpec, dynamic_name: str) -> dg.PartitionsDefinition:
+        """Dagster's partitions of a partitioning, or of one multi dimension (their fields are the same)."""
+        raise NotImplementedError(f"{cls.kind} partitioning has no partitions of its own fields")
+
+    @classmethod
+    def partitions_def(cls, spec: PipelineSections) -> dg.PartitionsDefinition:
+        return cls.definition(spec.partitioning, spec.name)
+
+    @classmethod
+    def dimension_keys(cls, spec: PipelineSections, key: str) -> dict[str, str]:
+        """A key's key in each dimension, by dimension name ({}: one dimension)."""
+        return {}
+
+    @classmethod
+    def id_prefix(cls, spec: PipelineSections, url: str) -> str:
+        """The file part of a default row id ('<file>:<row>'): the file's name."""
+        return url.rstrip("/").split("/")[-1]
+
+    @classmethod
+    def resolve(cls, spec: PipelineSections, key: str) -> PartitionSlice:
+        """The files partition `key` reads and, where it keeps only some of their rows, which."""
+        pattern = spec.source.path
+        concrete = pattern.replace(PARTITION_TOKEN, key) if PARTITION_TOKEN in pattern else pattern
+        return PartitionSlice(key, require_files(expand(concrete), spec, key, concrete))
 
 
-@dataclass(frozen=True)
-class PartitionSlice:
-    """The files a partition reads and, for hash/daily-by-column partitioning, which of their rows it keeps."""
+class StaticKind(PartitionKind):
+    """Keys listed in the spec, each substituted for {partition}; or one key per file found at load."""
 
-    key: str
-    files: list[str]
-    row_filter: RowFilter | None = None
+    kind = "static"
+    dimension = True
 
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        problems = super().spec_problems(spec)
+        if spec.partitioning.keys and PARTITION_TOKEN not in spec.source.path:
+            problems.append(("source.path", f"static keys are substituted for {PARTITION_TOKEN}: add it to the path"))
+        return problems
 
-def hash_shard_keys(count: int) -> list[str]:
-    width = max(2, len(str(count - 1)))
-    return [f"shard-{i:0{width}d}-of-{count:0{width}d}" for i in range(count)]
+    @classmethod
+    def no_new_keys(cls, spec: PipelineSections) -> str | None:
+        return "static keys listed in the spec" if spec.partitioning.keys else None
 
+    @classmethod
+    def dimension_problems(cls, dim: PartitionDimensionSpec, where: str) -> Problems:
+        problems: Problems = []
+        if dim.start_date or dim.end_date:
+            problems.append((f"{where}.start_date", f"start_date / end_date are for a daily dimension, not {dim.kind}"))
+        if not dim.keys:
+            problems.append((f"{where}.keys", "a static dimension lists its keys"))
+        return problems
 
-def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
-    part = spec.partitioning
-    if part.kind == "static":
-        keys = part.keys or discover_file_keys(spec)
+    @classmethod
+    def dimension_key_problem(cls, dim: PartitionDimensionSpec, key: str) -> str | None:
+        return None if key in (dim.keys or []) else f"{key!r} is not a key of dimension {dim.name!r} " \
+            f"({', '.join(dim.keys or [])})"
+
+    @classmethod
+    def definition(cls, part: PartitioningSpec | PartitionDimensionSpec, dynamic_name: str) -> dg.PartitionsDefinition:
+        return dg.StaticPartitionsDefinition(list(part.keys or []))
+
+    @classmethod
+    def partitions_def(cls, spec: PipelineSections) -> dg.PartitionsDefinition:
+        keys = spec.partitioning.keys or discover_file_keys(spec)
         if not keys:
             raise PipelineError(
                 "no partition keys: no file matches source.path and partitioning.keys is not set",
@@ -57,65 +210,332 @@ def partitions_def_for(spec: PipelineSpec) -> dg.PartitionsDefinition:
                 fix="add files, or list partitioning.keys",
             )
         return dg.StaticPartitionsDefinition(keys)
-    if part.kind == "hash":
-        return dg.StaticPartitionsDefinition(hash_shard_keys(part.count or 1))
-    if part.kind == "daily":
-        return dg.DailyPartitionsDefinition(
-            start_date=part.start_date, end_date=part.end_date, timezone=part.timezone
-        )
-    if part.kind == "multi":
-        return dg.MultiPartitionsDefinition({d.name: _dimension_def(spec, d) for d in part.dimensions or []})
-    return dg.DynamicPartitionsDefinition(name=spec.name)
+
+    @classmethod
+    def resolve(cls, spec: PipelineSections, key: str) -> PartitionSlice:
+        pattern = spec.source.path
+        if PARTITION_TOKEN in pattern or spec.partitioning.keys:
+            return super().resolve(spec, key)
+        # one partition per file found at load: pick that file again
+        concrete = next((u for u in expand(pattern) if file_key(u) == key), pattern + f" (key {key})")
+        return PartitionSlice(key, require_files(expand(concrete), spec, key, concrete))
 
 
-def _dimension_def(spec: PipelineSpec, dim: PartitionDimensionSpec) -> dg.PartitionsDefinition:
-    if dim.kind == "daily":
-        return dg.DailyPartitionsDefinition(start_date=dim.start_date, end_date=dim.end_date, timezone=dim.timezone)
-    if dim.kind == "static":
-        return dg.StaticPartitionsDefinition(list(dim.keys or []))
-    return dg.DynamicPartitionsDefinition(name=dynamic_dimension_name(spec, dim.name))
+class HashKind(PartitionKind):
+    """N shards over every source row, by a stable hash of the row id (reliability/row_ids.py)."""
+
+    kind = "hash"
+    reads_whole_source = True
+
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        problems = super().spec_problems(spec)
+        if not spec.partitioning.count:
+            problems.append(("partitioning.count", "hash partitioning needs count (number of shards)"))
+        if PARTITION_TOKEN in spec.source.path:
+            problems.append(("source.path", "hash shards read every file: remove {partition} from the path"))
+        return problems
+
+    @classmethod
+    def shards(cls, spec: PipelineSections) -> int:
+        return spec.partitioning.count or 1
+
+    @classmethod
+    def no_new_keys(cls, spec: PipelineSections) -> str | None:
+        return "hash shards"
+
+    @classmethod
+    def reads_own_files(cls, spec: PipelineSections) -> bool:
+        return False  # every shard reads every file
+
+    @classmethod
+    def upstream_problems(cls, spec: PipelineSections, asset_name: str) -> Problems:
+        return [("source.asset", "hash shards have no upstream partition to map to: partition the pipeline as the "
+                 "upstream asset is (daily, static or dynamic), or drop source.asset")]
+
+    @classmethod
+    def partitions_def(cls, spec: PipelineSections) -> dg.PartitionsDefinition:
+        return dg.StaticPartitionsDefinition(hash_shard_keys(cls.shards(spec)))
+
+    @classmethod
+    def resolve(cls, spec: PipelineSections, key: str) -> PartitionSlice:
+        count = cls.shards(spec)
+        files = expand(spec.source.path)
+        filter_ = hash_filter(hash_shard_keys(count).index(key), count)
+        return PartitionSlice(key, require_files(files, spec, key, spec.source.path), filter_)
 
 
-def dynamic_dimension_name(spec: PipelineSpec, dimension: str) -> str:
+class DailyKind(PartitionKind):
+    """One partition per day: a per-day file ({partition} = YYYY-MM-DD), or the rows of every file whose
+    time_column falls in the day."""
+
+    kind = "daily"
+    dimension = True
+    days = True
+
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        part, problems = spec.partitioning, super().spec_problems(spec)
+        if not part.start_date:
+            problems.append(("partitioning.start_date", "daily partitioning needs start_date (YYYY-MM-DD)"))
+        if not part.time_column and PARTITION_TOKEN not in spec.source.path:
+            problems.append(("source.path", f"daily partitioning needs {PARTITION_TOKEN} in the path"))
+        if part.time_column and spec.runtime.resources.by_size:
+            problems.append(("runtime.resources.by_size", "a day filtered from a time column has no size of its "
+                             "own in the source metadata: use partitions overrides instead"))
+        return problems
+
+    @classmethod
+    def sensor_problems(cls, spec: PipelineSections) -> Problems:
+        if spec.partitioning.time_column and PARTITION_TOKEN not in spec.source.path:
+            return [("sensor", f"a sensor maps each new file to a partition through {PARTITION_TOKEN} in "
+                     "source.path, and here a day is made of rows of any file (time_column): a new file "
+                     "can change any day. Use `schedule:` instead (the newest complete day, once it has "
+                     "ended), or write one file per day and put {partition} in source.path (time_column "
+                     "then checks each row's day, see partitioning.day_check)")]
+        return super().sensor_problems(spec)
+
+    @classmethod
+    def dimension_problems(cls, dim: PartitionDimensionSpec, where: str) -> Problems:
+        problems: Problems = []
+        if not dim.start_date:
+            problems.append((f"{where}.start_date", "a daily dimension needs start_date (YYYY-MM-DD)"))
+        if dim.keys is not None:
+            problems.append((f"{where}.keys", f"keys are listed for a static dimension; a {dim.kind} dimension's "
+                             "keys are days"))
+        return problems
+
+    @classmethod
+    def dimension_key_problem(cls, dim: PartitionDimensionSpec, key: str) -> str | None:
+        try:
+            datetime.strptime(key, "%Y-%m-%d")
+        except ValueError:
+            return f"{key!r} is not a day (YYYY-MM-DD) of dimension {dim.name!r}"
+        return None
+
+    @classmethod
+    def definition(cls, part: PartitioningSpec | PartitionDimensionSpec, dynamic_name: str) -> dg.PartitionsDefinition:
+        return dg.DailyPartitionsDefinition(start_date=part.start_date, end_date=part.end_date, timezone=part.timezone)
+
+    @classmethod
+    def resolve(cls, spec: PipelineSections, key: str) -> PartitionSlice:
+        part, pattern = spec.partitioning, spec.source.path
+        if not part.time_column:
+            return super().resolve(spec, key)
+        if PARTITION_TOKEN in pattern:
+            concrete = pattern.replace(PARTITION_TOKEN, key)  # one file per day: check its rows are of that day
+            files = require_files(expand(concrete), spec, key, concrete)
+            check = day_check(key, part.time_column, part.timezone) if part.day_check == "fail" else None
+            return PartitionSlice(key, files, check)
+        files = require_files(expand(pattern), spec, key, pattern)
+        return PartitionSlice(key, files, day_filter(key, part.time_column, part.timezone))
+
+
+class DynamicKind(PartitionKind):
+    """Keys added at run time (the UI, a sensor, `add_partitions`), each substituted for {partition}."""
+
+    kind = "dynamic"
+    dimension = True
+    added_at_run_time = True
+
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        problems = super().spec_problems(spec)
+        if PARTITION_TOKEN not in spec.source.path:
+            problems.append(("source.path", f"dynamic partitioning needs {PARTITION_TOKEN} in the path"))
+        return problems
+
+    @classmethod
+    def definition(cls, part: PartitioningSpec | PartitionDimensionSpec, dynamic_name: str) -> dg.PartitionsDefinition:
+        return dg.DynamicPartitionsDefinition(name=dynamic_name)
+
+
+class MultiKind(PartitionKind):
+    """Two dimensions crossed (Dagster's MultiPartitionsDefinition); each partition reads its own files, named by
+    each dimension's {<name>} in source.path."""
+
+    kind = "multi"
+
+    @classmethod
+    def spec_problems(cls, spec: PipelineSections) -> Problems:
+        """Two dimensions Dagster's MultiPartitionsDefinition accepts, each reachable from source.path. Checked
+        here, at load, because Dagster's own errors come later (at a run) or never: a dynamic key with '|' is
+        silently left out of the partitions."""
+        part = spec.partitioning
+        problems: Problems = []
+        for field in ("keys", "count", "start_date", "end_date", "time_column"):
+            if getattr(part, field) is not None:
+                problems.append((f"partitioning.{field}", f"kind: multi sets {field} on its dimension "
+                                 "(partitioning.dimensions), not on partitioning"))
+        dims = part.dimensions or []
+        if len(dims) != 2:
+            return problems + [("partitioning.dimensions", f"kind: multi needs exactly two dimensions (Dagster's "
+                                f"MultiPartitionsDefinition), e.g. a daily `date` and a static `app`; got {len(dims)}")]
+        names = [d.name for d in dims]
+        for i, dim in enumerate(dims):
+            where = f"partitioning.dimensions.{i}"
+            if not dim.name.isidentifier() or dim.name == "partition":
+                problems.append((f"{where}.name", f"{dim.name!r} must be an identifier (letters, digits, _) other "
+                                 "than 'partition': it is the {" + dim.name + "} placeholder of source.path"))
+            problems += KINDS[dim.kind].dimension_problems(dim, where)
+            for key in dim.keys or []:
+                bad = [c for c in MULTI_KEY_FORBIDDEN if c in key]
+                if bad or not key:
+                    problems.append((f"{where}.keys", f"key {key!r} " + (f"holds {' '.join(bad)}, which Dagster uses "
+                                     "to join and list multi-partition keys: rename it" if bad else "is empty")))
+            if dim.keys and len(set(dim.keys)) != len(dim.keys):
+                problems.append((f"{where}.keys", "a key is listed twice"))
+        if names[0] == names[1]:
+            problems.append(("partitioning.dimensions", f"the two dimensions are both named {names[0]!r}"))
+        if sum(KINDS[d.kind].days for d in dims) > 1:
+            problems.append(("partitioning.dimensions", "at most one daily dimension: a day crossed with a day is "
+                             "not a key of its own; cross the day with a static or dynamic dimension"))
+        if sum(KINDS[d.kind].added_at_run_time for d in dims) > 1:
+            problems.append(("partitioning.dimensions", "at most one dynamic dimension: a sensor could not tell which "
+                             "of two new keys is which"))
+        used = set(PLACEHOLDER_RE.findall(spec.source.path))
+        unknown = sorted(used - set(names) - {"partition"})
+        if unknown:
+            problems.append(("source.path", f"placeholder(s) {', '.join('{' + u + '}' for u in unknown)} name no "
+                             f"dimension (dimensions: {', '.join(names)}; {PARTITION_TOKEN} is the whole key)"))
+        if "partition" not in used and not set(names) <= used:
+            missing = [n for n in names if n not in used]
+            problems.append(("source.path", "multi partitioning reads each partition's own files: put "
+                             f"{' and '.join('{' + m + '}' for m in missing)} in the path (e.g. "
+                             "data/reviews/{date}/{app}.jsonl)"))
+        if spec.source.sample is not None:
+            problems.append(("source.sample", "sample data is not generated for multi partitioning: point "
+                             "source.path at your files"))
+        return problems + cls._override_problems(dims, spec.runtime.resources.partitions)
+
+    @classmethod
+    def _override_problems(cls, dims: list[PartitionDimensionSpec], overrides: dict[str, Any]) -> Problems:
+        """`runtime.resources.partitions` keys of a multi pipeline: a key in the spec's dimension order (or with a
+        part no dimension has) would never match, and the step would run on the default resources without a
+        word."""
+        ordered = sorted(dims, key=lambda d: d.name)  # Dagster's order of a key's parts
+        shape = "|".join(f"<{d.name}>" for d in ordered)
+        problems = []
+        for pattern in overrides:
+            parts = pattern.split("|")
+            if len(parts) != 2:
+                problems.append(("runtime.resources.partitions", f"{pattern!r} is not a two-dimensional key: write "
+                                 f"{shape} (dimension-name order), globs allowed, e.g. '{ordered[0].name}-key|*'"))
+                continue
+            for dim, part in zip(ordered, parts):
+                problem = None if any(c in part for c in "*?[") else KINDS[dim.kind].dimension_key_problem(dim, part)
+                if problem:
+                    problems.append(("runtime.resources.partitions", f"{pattern!r}: {problem}; keys are {shape}"))
+        return problems
+
+    @classmethod
+    def time_dimension(cls, spec: PipelineSections) -> PartitionDimensionSpec | None:
+        return next((d for d in spec.partitioning.dimensions or [] if KINDS[d.kind].days), None)
+
+    @classmethod
+    def placeholders(cls, spec: PipelineSections) -> list[str]:
+        return [d.name for d in spec.partitioning.dimensions or []]
+
+    @classmethod
+    def key_of(cls, spec: PipelineSections, values: dict[str, str]) -> str:
+        return str(dg.MultiPartitionKey({name: values[name] for name in cls.placeholders(spec)}))
+
+    @classmethod
+    def reads_own_files(cls, spec: PipelineSections) -> bool:
+        used = set(PLACEHOLDER_RE.findall(spec.source.path))
+        return PARTITION_TOKEN.strip("{}") in used or set(cls.placeholders(spec)) <= used
+
+    @classmethod
+    def sensor_problems(cls, spec: PipelineSections) -> Problems:
+        missing = [n for n in cls.placeholders(spec) if "{" + n + "}" not in spec.source.path]
+        if not missing:
+            return []
+        return [("sensor", "a sensor maps each new file to a partition through each dimension's placeholder in "
+                 "source.path; put " + " and ".join("{" + m + "}" for m in missing) + " in it (e.g. "
+                 "data/reviews/{date}/{app}.jsonl)")]
+
+    @classmethod
+    def partitions_def(cls, spec: PipelineSections) -> dg.PartitionsDefinition:
+        return dg.MultiPartitionsDefinition({
+            d.name: KINDS[d.kind].definition(d, dynamic_dimension_name(spec, d.name))
+            for d in spec.partitioning.dimensions or []})
+
+    @classmethod
+    def dimension_keys(cls, spec: PipelineSections, key: str) -> dict[str, str]:
+        names = sorted(cls.placeholders(spec))  # Dagster orders a key's parts by dimension name
+        parts = str(key).split("|")
+        if len(parts) != len(names):
+            raise PipelineError(
+                f"partition key {key!r} is not a key of two dimensions: multi partition keys are the dimension "
+                f"keys joined by '|' in the order of the dimension names ({'|'.join('<' + n + '>' for n in names)})",
+                pipeline=spec.name, partition=str(key),
+                fix=f"launch e.g. --partition \"{'|'.join('<' + n + '>' for n in names)}\"",
+            )
+        return dict(zip(names, parts))
+
+    @classmethod
+    def id_prefix(cls, spec: PipelineSections, url: str) -> str:
+        """Multi partitioning names a partition's files by folders as well (data/reviews/{date}/{app}.jsonl): every
+        day has an `android.jsonl`, so the id keeps the path from the first placeholder on
+        (`2026-11-01/android.jsonl:3`), unique across partitions as a daily file's name is."""
+        parts = url.rstrip("/").split("/")
+        segments = spec.source.path.rstrip("/").split("/")
+        first = next((i for i, seg in enumerate(segments) if "{" in seg), len(segments) - 1)
+        return "/".join(parts[-(len(segments) - first):])
+
+    @classmethod
+    def resolve(cls, spec: PipelineSections, key: str) -> PartitionSlice:
+        concrete = source_path_for(spec, key)  # each partition reads its own files (spec_problems)
+        return PartitionSlice(key, require_files(expand(concrete), spec, key, concrete))
+
+
+# The table: the one place a partitioning kind is looked up (tests/test_partition_kinds.py keeps it equal to
+# registries.PARTITION_KINDS, which the spec's schema chooses from, and nothing else compares kinds).
+KINDS: dict[str, type[PartitionKind]] = {kind.kind: kind for kind in (StaticKind, HashKind, DailyKind, DynamicKind,
+                                                                      MultiKind)}
+
+
+def partition_kind(spec: PipelineSections) -> type[PartitionKind]:
+    """The class of the spec's partitioning kind."""
+    return KINDS[spec.partitioning.kind]
+
+
+def time_dimension(spec: PipelineSections) -> PartitionDimensionSpec | None:
+    """multi: the daily dimension, if there is one (a schedule ticks over it); None for any other partitioning."""
+    return partition_kind(spec).time_dimension(spec)
+
+
+def day_timezone(spec: PipelineSections) -> str:
+    """The timezone of the day boundaries: daily's, or a multi partitioning's daily dimension's."""
+    dim = time_dimension(spec)
+    return dim.timezone if dim is not None else spec.partitioning.timezone
+
+
+def partitions_def_for(spec: PipelineSections) -> dg.PartitionsDefinition:
+    return partition_kind(spec).partitions_def(spec)
+
+
+def dynamic_dimension_name(spec: PipelineSections, dimension: str) -> str:
     """The instance-wide name of a multi pipeline's dynamic dimension (dynamic keys live in the instance)."""
     return f"{spec.name}__{dimension}"
 
 
-def dimension_keys(spec: PipelineSpec, key: str) -> dict[str, str]:
+def dimension_keys(spec: PipelineSections, key: str) -> dict[str, str]:
     """A multi partition key's key in each dimension, by dimension name ({} for any other partitioning)."""
-    part = spec.partitioning
-    if part.kind != "multi":
-        return {}
-    names = sorted(d.name for d in part.dimensions or [])  # Dagster orders a key's parts by dimension name
-    parts = str(key).split("|")
-    if len(parts) != len(names):
-        raise PipelineError(
-            f"partition key {key!r} is not a key of two dimensions: multi partition keys are the dimension keys "
-            f"joined by '|' in the order of the dimension names ({'|'.join('<' + n + '>' for n in names)})",
-            pipeline=spec.name, partition=str(key),
-            fix=f"launch e.g. --partition \"{'|'.join('<' + n + '>' for n in names)}\"",
-        )
-    return dict(zip(names, parts))
+    return partition_kind(spec).dimension_keys(spec, key)
 
 
-def multi_key(spec: PipelineSpec, by_dimension: dict[str, str]) -> str:
+def multi_key(spec: PipelineSections, by_dimension: dict[str, str]) -> str:
     """The multi partition key (as Dagster spells it) of one key per dimension."""
     return str(dg.MultiPartitionKey(by_dimension))
 
 
-def default_id_prefix(spec: PipelineSpec, url: str) -> str:
-    """The file part of a default row id ('<file>:<row>'). Multi partitioning names a partition's files by folders
-    as well (data/reviews/{date}/{app}.jsonl): every day has an `android.jsonl`, so the id keeps the path from the
-    first placeholder on (`2026-11-01/android.jsonl:3`), unique across partitions as a daily file's name is."""
-    parts = url.rstrip("/").split("/")
-    if spec.partitioning.kind != "multi":
-        return parts[-1]
-    segments = spec.source.path.rstrip("/").split("/")
-    first = next((i for i, seg in enumerate(segments) if "{" in seg), len(segments) - 1)
-    return "/".join(parts[-(len(segments) - first):])
+def default_id_prefix(spec: PipelineSections, url: str) -> str:
+    """The file part of a default row id ('<file>:<row>'), as the partitioning kind names files."""
+    return partition_kind(spec).id_prefix(spec, url)
 
 
-def source_path_for(spec: PipelineSpec, key: str) -> str:
+def source_path_for(spec: PipelineSections, key: str) -> str:
     """source.path for one partition: {partition} is the whole key, and for multi partitioning {<dimension>} is
     that dimension's key (the placeholders of the agreed source interface)."""
     path = spec.source.path.replace(PARTITION_TOKEN, str(key))
@@ -124,197 +544,5 @@ def source_path_for(spec: PipelineSpec, key: str) -> str:
     return path
 
 
-def _expand(pattern: str) -> list[str]:
-    """Files matching a local or s3:// glob, as URLs of the same kind, sorted. An object store that refuses the
-    listing (bad credentials, no permission) or cannot be reached is a clear error, not "no files"."""
-    try:
-        return _expand_unchecked(pattern)
-    except FileNotFoundError:  # e.g. a bucket that does not exist: _require says so, with the path
-        return []
-    except PermissionError as exc:
-        raise PipelineError(
-            f"access to the source was refused ({exc})", file=shown_path(pattern),
-            fix="check the credentials where the pipeline runs (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
-            "AWS_PROFILE or the pod's role) and that they may list and read this bucket",
-        ) from None
-    except OSError as exc:
-        raise PipelineError(
-            f"the source could not be listed: {type(exc).__name__}: {exc}", file=shown_path(pattern),
-            fix="check that the storage is reachable from where the pipeline runs (for S3: AWS_ENDPOINT_URL, the "
-            "network, the bucket name)",
-        ) from None
-
-
-def _expand_unchecked(pattern: str) -> list[str]:
-    fs, path = filesystem_for(pattern)
-    if not globlib.has_magic(path):
-        return [pattern] if fs.exists(path) else []
-    # What a glob matches is data only if it is a file whose name does not start with '.' or '_' (an atomic writer's
-    # temporary file, a `_SUCCESS` marker), as the sensor takes it: a folder or a half-written file in the listing
-    # would otherwise be read as a row (files source) or fail the read, and change the partition's source version.
-    matches = sorted(name for name, info in fs.glob(path, detail=True).items()
-                     if info.get("type") != "directory"
-                     and not name.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_")))
-    if pattern.startswith("s3://"):
-        return [f"s3://{m}" for m in matches]
-    if is_remote(pattern):
-        return [fs.unstrip_protocol(m) for m in matches]
-    return matches
-
-
-def discover_file_keys(spec: PipelineSpec) -> list[str]:
-    """Static partitioning without keys: one key per file, the part of its name that {partition} matches."""
-    pattern = spec.source.path
-    if PARTITION_TOKEN not in pattern:
-        by_key: dict[str, str] = {}
-        for url in _expand(pattern):
-            key = _file_key(url)
-            if key in by_key:
-                raise PipelineError(
-                    f"two source files give the same partition key {key!r}: {by_key[key]} and {url} (the key is "
-                    "the file name before its first dot)",
-                    pipeline=spec.name, file=url,
-                    fix="rename one of the files, narrow source.path, or put {partition} in the path and list "
-                    "partitioning.keys",
-                )
-            by_key[key] = url
-        return sorted(by_key)
-    fs, path = filesystem_for(pattern)
-    regex = re.compile(
-        "^" + ".*".join(re.escape(p) for p in path.split(PARTITION_TOKEN)).replace(r"\*", "[^/]*") + "$"
-    )
-    keys = []
-    for url in _expand(pattern.replace(PARTITION_TOKEN, "*")):
-        _, p = filesystem_for(url)
-        m = regex.match(p)
-        if m:
-            prefix, _, suffix = path.partition(PARTITION_TOKEN)
-            keys.append(p[len(prefix) : len(p) - len(suffix)] if suffix else p[len(prefix) :])
-    return sorted(set(keys))
-
-
-def _file_key(url: str) -> str:
-    name = url.rstrip("/").rsplit("/", 1)[-1]
-    return name.split(".", 1)[0]
-
-
-def resolve_partition(spec: PipelineSpec, key: str) -> PartitionSlice:
-    part, pattern = spec.partitioning, spec.source.path
-    if part.kind == "multi":  # each partition reads its own files (spec.multi_partition_problems)
-        concrete = source_path_for(spec, key)
-        return PartitionSlice(key, _require(_expand(concrete), spec, key, concrete))
-    if part.kind == "hash":
-        files = _expand(pattern)
-        index = hash_shard_keys(part.count or 1).index(key)
-        return PartitionSlice(key, _require(files, spec, key, pattern), _hash_filter(index, part.count or 1))
-    if part.kind == "daily" and part.time_column and PARTITION_TOKEN in pattern:
-        concrete = pattern.replace(PARTITION_TOKEN, key)  # one file per day: check its rows are of that day
-        files = _require(_expand(concrete), spec, key, concrete)
-        check = _day_check(key, part.time_column, part.timezone) if part.day_check == "fail" else None
-        return PartitionSlice(key, files, check)
-    if part.kind == "daily" and part.time_column:
-        files = _expand(pattern)
-        return PartitionSlice(key, _require(files, spec, key, pattern), _day_filter(key, part.time_column, part.timezone))
-    if PARTITION_TOKEN in pattern:
-        concrete = pattern.replace(PARTITION_TOKEN, key)
-    elif part.kind == "static" and not part.keys:
-        # one partition per file found at load: pick that file again
-        concrete = next((u for u in _expand(pattern) if _file_key(u) == key), pattern + f" (key {key})")
-    else:
-        concrete = pattern
-    return PartitionSlice(key, _require(_expand(concrete), spec, key, concrete))
-
-
-def _require(files: list[str], spec: PipelineSpec, key: str, pattern: str) -> list[str]:
-    if not files:
-        raise PipelineError(
-            "the source path does not exist (no file matches it)",
-            pipeline=spec.name,
-            partition=key,
-            file=shown_path(pattern),
-            fix="check source.path in the spec and that the files were uploaded; for s3:// check the bucket "
-            "and AWS_ENDPOINT_URL",
-        )
-    return files
-
-
-def stable_hash64(values: list[str]) -> np.ndarray:
-    """A hash of each row id that is the same in every process and Python version (unlike hash()).
-
-    blake2b-64 of the UTF-8 id, read little-endian: shard assignment of existing data depends on these exact
-    values, so the function never changes. Computed once per row, in the read stage (`ROW_HASH` column); the
-    digests are joined and viewed as one uint64 array instead of converting each to a Python int."""
-    blake = hashlib.blake2b
-    digests = b"".join([blake(v.encode("utf-8"), digest_size=8).digest() for v in values])
-    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
-
-
-ROW_HASH = "_row_hash"
-
-
-def row_hashes(batch: pa.RecordBatch) -> np.ndarray:
-    """The row ids' stable hashes: the `_row_hash` column the read stage carries (files written before it
-    existed: computed from `row_id`)."""
-    if ROW_HASH in batch.schema.names:
-        return batch.column(ROW_HASH).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
-    return stable_hash64(batch.column("row_id").to_pylist())
-
-
-def shard_of(hashes: np.ndarray, count: int) -> np.ndarray:
-    return hashes % np.uint64(count)
-
-
-def _hash_filter(index: int, count: int) -> RowFilter:
-    def keep(batch: pa.RecordBatch) -> np.ndarray:
-        return shard_of(row_hashes(batch), count) == np.uint64(index)
-
-    return keep
-
-
-def _day_filter(key: str, column: str, timezone: str) -> RowFilter:
-    import pandas as pd
-
-    start = pd.Timestamp(datetime.strptime(key, "%Y-%m-%d")).tz_localize(timezone)
-    end = start + timedelta(days=1)
-
-    def keep(batch: pa.RecordBatch) -> np.ndarray:
-        raw = batch.column(column).to_pandas()
-        values = pd.to_datetime(raw, errors="coerce", format="mixed", utc=False)
-        bad = values.isna().to_numpy()
-        if bad.any():
-            # A row without a readable timestamp belongs to no day: fail rather than lose it.
-            i = int(np.argmax(bad))
-            raise PipelineError(
-                f"value {raw.iloc[i]!r} is not a timestamp, so the row belongs to no daily partition",
-                column=column,
-                row=int(batch.column("_source_row")[i].as_py()),
-                fix="fix or drop the row, or use another partitioning",
-            )
-        if values.dt.tz is None:
-            values = values.dt.tz_localize(timezone)
-        return ((values >= start) & (values < end)).to_numpy(dtype=bool, na_value=False)
-
-    return keep
-
-
-def _day_check(key: str, column: str, timezone: str) -> RowFilter:
-    """For a per-day file: every row's timestamp must fall in the file's day (keeps all rows, or fails)."""
-    in_day = _day_filter(key, column, timezone)
-
-    def check(batch: pa.RecordBatch) -> np.ndarray:
-        inside = in_day(batch)
-        if not inside.all():
-            i = int(np.argmin(inside))
-            value = batch.column(column)[i].as_py()
-            shown = value.isoformat() if hasattr(value, "isoformat") else str(value)
-            raise PipelineError(
-                f"row stamped {shown} in column {column!r} is not of day {key} "
-                f"({int((~inside).sum())} such row(s) in this batch), yet it is in day {key}'s file",
-                column=column,
-                row=int(batch.column("_source_row")[i].as_py()),
-                fix="move the row to its day's file, or set partitioning.day_check: keep to keep such rows in the "
-                "file's day",
-            )
-        return inside
-
-    return check
+def resolve_partition(spec: PipelineSections, key: str) -> PartitionSlice:
+    return partition_kind(spec).resolve(spec, key)

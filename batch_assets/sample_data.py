@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable
 from datetime import date, timedelta
 
+from batch_assets.partitions import partition_kind
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import atomic_output, filesystem_for
 
@@ -128,7 +129,7 @@ def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str
     """
     if spec.source.sample is None:
         return []
-    if spec.partitioning.kind == "daily" and PARTITION_TOKEN in spec.source.path:
+    if partition_kind(spec).days and PARTITION_TOKEN in spec.source.path:
         return _ensure_daily_sample(spec, keys or [])
     if _data_at(spec.source.path):
         return []

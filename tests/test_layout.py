@@ -1,12 +1,16 @@
 """Imports run one way: no import circle inside `batch_assets/` or `resources/`, and no import from `resources/` (the
 model providers) up into `batch_assets/` (the product). Read from the source with the stdlib `ast`, every import
-counted: module level, inside functions, and under `if TYPE_CHECKING:` (a circle dodged by a late import is still a
-circle a reader has to follow). And project modules are imported at the top: a function-local import is for a heavy
+counted: module level, inside functions, under `if TYPE_CHECKING:` (a circle dodged by a late import is still a
+circle a reader has to follow), and through `importlib`: in a module that loads modules by name (`import_module`,
+`__import__`), a string naming a project module ("batch_assets.x.y" or "batch_assets.x.y:Name", the form the plug-in
+registries hold) is an import by that module. (A name handed to another process, such as a forkserver's preload
+list, is not loaded here and is not counted.) And project modules are imported at the top: a function-local import is for a heavy
 optional library, or says on its line why it waits."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +18,9 @@ PACKAGES = ("batch_assets", "resources")
 # The repository's top-level `resources/` folder installs as `batch_assets.resources` (setup.py): one import name,
 # `batch_assets`, that cannot collide with a user's own `resources` module.
 IMPORT_NAMES = {"resources": "batch_assets.resources"}
+# A dotted module path, optionally with ":attribute": what a registry hands `importlib.import_module`.
+LOADERS = {"import_module", "__import__"}
+MODULE_STRING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_.]*)?$")
 
 
 def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -41,7 +48,10 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
     graph: dict[str, dict[str, int]] = {}
     for module, path in files.items():
         edges: dict[str, int] = {}
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        loads_by_name = any(isinstance(node, (ast.Name, ast.Attribute)) and LOADERS & {
+            getattr(node, "id", None), getattr(node, "attr", None)} for node in ast.walk(tree))
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -52,6 +62,9 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
                         package = package.rpartition(".")[0]
                     base = f"{package}.{base}".strip(".")
                 names = [f"{base}.{alias.name}" for alias in node.names]
+            elif (loads_by_name and isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and MODULE_STRING.match(node.value)):
+                names = [node.value.partition(":")[0]]  # loaded by importlib: an import all the same
             else:
                 continue
             for name in names:
@@ -113,9 +126,10 @@ def test_resources_never_import_batch_assets() -> None:
     assert not upward, "providers must not reach up into the product:\n" + "\n".join(upward)
 
 
-def test_the_checker_sees_circles_through_late_and_type_checking_imports(tmp_path: Path) -> None:
-    """The checker itself: a circle closed only by a function-local import, and one closed only under
-    TYPE_CHECKING, are both found; a one-way chain is not."""
+def test_the_checker_sees_circles_through_late_type_checking_and_importlib_imports(tmp_path: Path) -> None:
+    """The checker itself: a circle closed only by a function-local import, one closed only under TYPE_CHECKING,
+    and one closed only by a registry's import string (importlib) are all found; a one-way chain is not, nor a
+    module's name in prose."""
     pkg = tmp_path / "batch_assets"
     (pkg / "sub").mkdir(parents=True)
     for name, text in {
@@ -125,10 +139,18 @@ def test_the_checker_sees_circles_through_late_and_type_checking_imports(tmp_pat
         "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from batch_assets.sub.d import y\n",
         "sub/d.py": "from ..c import z\n",
         "e.py": "import batch_assets.a\n",
+        # a registry that loads its plug-ins by name (importlib), one of which imports the registry's user
+        "f.py": "import importlib\nPLUGINS = {'x': 'batch_assets.sub.g:Plugin'}\n"
+                "def load(n):\n    return importlib.import_module(PLUGINS[n].partition(':')[0])\n",
+        "sub/g.py": '"""batch_assets.f is not an import: prose."""\nfrom batch_assets import h\n',
+        "h.py": "from batch_assets.f import load\n",
+        "i.py": "from batch_assets import j\nPRELOAD = ['batch_assets.i']  # for another process: not loaded here\n",
+        "j.py": "PRELOAD = ['batch_assets.i']\n",
     }.items():
         (pkg / name).write_text(text)
     assert circles(import_graph(tmp_path, ("batch_assets",))) == [
-        ["batch_assets.a", "batch_assets.b"], ["batch_assets.c", "batch_assets.sub.d"]]
+        ["batch_assets.a", "batch_assets.b"], ["batch_assets.c", "batch_assets.sub.d"],
+        ["batch_assets.f", "batch_assets.h", "batch_assets.sub.g"]]
 
 
 def late_project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> set[tuple[str, str]]:

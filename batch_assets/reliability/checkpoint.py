@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_assets import tasks
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stage_names import INFER
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
 from batch_assets.resources.fields import answer_settings

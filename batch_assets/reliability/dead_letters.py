@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.storage import ArrowStorage, join, partition_file_name, write_parquet
 from batch_assets.tasks import task_type
 

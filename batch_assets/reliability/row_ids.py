@@ -1,4 +1,4 @@
-"""Exactly-once bookkeeping for row ids in memory that does not hold the ids.
+"""Row identity: the id's stable hash, and exactly-once bookkeeping for row ids in memory that does not hold them.
 
 Two structures, both fed batch by batch while a stage streams:
 
@@ -15,7 +15,8 @@ Two structures, both fed batch by batch while a stage streams:
 
 Unique source ids (checked in prepare) + equal fingerprints of source and output = every source row exactly once.
 
-One hash for every purpose: the id's stable 64-bit hash (`partitions.stable_hash64`, the one shards are assigned by).
+One hash for every purpose: the id's stable 64-bit hash (`stable_hash64` below, the one hash shards are assigned by:
+partitions.py).
 The read stage computes it once and carries it (`_row_hash`); the fingerprint and the uniqueness check of the read
 take the carried value, and only the places that must prove what they hold (the ids being published, the `inferred`
 file under check) hash the ids they read.
@@ -23,6 +24,7 @@ file under check) hash the ids they read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +32,28 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.partitions import row_hashes, stable_hash64
+
+def stable_hash64(values: list[str]) -> np.ndarray:
+    """A hash of each row id that is the same in every process and Python version (unlike hash()).
+
+    blake2b-64 of the UTF-8 id, read little-endian: shard assignment of existing data depends on these exact
+    values, so the function never changes. Computed once per row, in the read stage (`ROW_HASH` column); the
+    digests are joined and viewed as one uint64 array instead of converting each to a Python int."""
+    blake = hashlib.blake2b
+    digests = b"".join([blake(v.encode("utf-8"), digest_size=8).digest() for v in values])
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+ROW_HASH = "_row_hash"
+
+
+def row_hashes(batch: pa.RecordBatch) -> np.ndarray:
+    """The row ids' stable hashes: the `_row_hash` column the read stage carries (files written before it
+    existed: computed from `row_id`)."""
+    if ROW_HASH in batch.schema.names:
+        return batch.column(ROW_HASH).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    return stable_hash64(batch.column("row_id").to_pylist())
+
 
 MASK = (1 << 64) - 1
 FINGERPRINT_KEY = b"batch_assets.row_id_fingerprint"

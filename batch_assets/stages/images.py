@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.resources.multimodal import prepare_images as prepare_column
 
 

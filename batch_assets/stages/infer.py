@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.reliability.journal import AnswerJournal, row_keys
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stage_names import INFER, PREPARE
 from batch_assets.stages.infer_batch import remove_ledger, run_batches, uses_batches
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable

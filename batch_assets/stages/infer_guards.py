@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.tasks import ChunkPlan
 from batch_assets.resources.errors import GAVE_UP
 from batch_assets.resources.registry import provider_class

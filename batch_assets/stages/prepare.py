@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stage_names import PREPARE, READ
 from batch_assets.stages.documents import extract_documents, prepare_file_parts
 from batch_assets.stages.images import prepare_images

@@ -18,16 +18,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import (
+from batch_assets.partition_files import PartitionSlice
+from batch_assets.partitions import default_id_prefix, resolve_partition
+from batch_assets.reliability.row_ids import (
+    FINGERPRINT_KEY,
     ROW_HASH,
-    PartitionSlice,
-    default_id_prefix,
-    resolve_partition,
+    RowIdFingerprint,
+    UniqueIdChecker,
     row_hashes,
     stable_hash64,
 )
-from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, UniqueIdChecker
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stage_names import READ
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module

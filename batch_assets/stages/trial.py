@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.partitions import row_hashes
+from batch_assets.reliability.row_ids import row_hashes
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint
 from batch_assets.storage import join, parquet_footer_metadata
 

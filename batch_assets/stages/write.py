@@ -13,7 +13,7 @@ from batch_assets.errors import PipelineError, transient_failure
 from batch_assets.reliability.checkpoint import remove_partition_checkpoints
 from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
 from batch_assets.stage_names import INFER, READ
 from batch_assets.stages.report import PartitionReport, markdown_preview
 from batch_assets.stages.sinks import sink_for

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import ROW_HASH, hash_shard_keys, stable_hash64
+from batch_assets.partitions import hash_shard_keys
+from batch_assets.reliability.row_ids import ROW_HASH, stable_hash64
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY
 from batch_assets.stages.read import run_read, run_read_shards
 from batch_assets.storage import ArrowStorage, parquet_footer_metadata, read_batches

@@ -191,7 +191,7 @@ def test_transforms_and_the_function_source_are_in_the_prepare_code_version(
 
 # -- trial selection --------------------------------------------------------------------------------------------------
 def _trial_ids(trial: TrialSpec, batch_rows: int, n: int = 1000) -> list[str]:
-    from batch_assets.partitions import ROW_HASH, stable_hash64
+    from batch_assets.reliability.row_ids import ROW_HASH, stable_hash64
 
     ids = [f"sku-{i}" for i in range(n)]
     table = pa.table({"row_id": ids, ROW_HASH: pa.array(stable_hash64(ids), pa.uint64())})

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from batch_assets.partitions import day_timezone
 from batch_assets.spec import AutomationSpec, PipelineSpec
 from batch_assets.stage_names import READ
 
@@ -83,7 +84,7 @@ def automation_condition(spec: PipelineSpec, stage: str) -> dg.AutomationConditi
     if auto.condition == "on_upstream_update":
         return on_upstream_update(stage)
     assert auto.condition == "on_cron" and auto.cron  # checked by the spec
-    return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or spec.partitioning.day_timezone())
+    return dg.AutomationCondition.on_cron(auto.cron, auto.timezone or day_timezone(spec))
 
 
 def automation_sensor_name(spec: PipelineSpec) -> str:
@@ -102,5 +103,5 @@ def build_automation_sensor(spec: PipelineSpec) -> dg.AutomationConditionSensorD
         minimum_interval_seconds=auto.interval_seconds,
         run_tags={"batch/launched_by": "automation"},
         description=f"Declarative automation of {spec.name}: {auto.condition}"
-        + (f" ({auto.cron}, {auto.timezone or spec.partitioning.day_timezone()})" if auto.cron else "") + ".",
+        + (f" ({auto.cron}, {auto.timezone or day_timezone(spec)})" if auto.cron else "") + ".",
     )

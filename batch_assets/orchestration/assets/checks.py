@@ -16,8 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from batch_assets.partitions import resolve_partition, row_hashes
-from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker
+from batch_assets.partitions import resolve_partition
+from batch_assets.reliability.row_ids import RowIdFingerprint, UniqueIdChecker, row_hashes
 from batch_assets.spec import PipelineSpec
 from batch_assets.stages.read import read_partition
 from batch_assets.stages.report import PartitionReport, error_fraction

@@ -28,7 +28,7 @@ from batch_assets.orchestration.assets.upstream import upstream_dep
 from batch_assets.orchestration.execution.pools import infer_pool, release_dead_slots
 from batch_assets.orchestration.execution.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.execution.stopping import stoppable
-from batch_assets.partitions import partitions_def_for
+from batch_assets.partitions import partition_kind, partitions_def_for
 from batch_assets.sample_data import ensure_sample
 from batch_assets.spec import PipelineSpec
 from batch_assets.stage_names import INFER, PREPARE, READ, WRITE, upstream_of
@@ -155,7 +155,7 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             return reports
 
         # Every hash shard reads the whole source: the shards of one run share a single read.
-        shared = together if spec.partitioning.kind == "hash" else None
+        shared = together if partition_kind(spec).reads_whole_source else None
         reports = run_partitions(context, spec, storage, one, together=shared)
         # The data version is the content version of the partition's source files (lineage.py): the same bytes
         # re-materialized upstream give the same version. One per event, so only for a one-partition run; a

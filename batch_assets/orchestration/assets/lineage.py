@@ -43,7 +43,9 @@ from typing import Any
 import numpy as np
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import hash_shard_keys, partitions_def_for, resolve_partition, shard_of, stable_hash64
+from batch_assets.partition_files import shard_of
+from batch_assets.partitions import hash_shard_keys, partition_kind, partitions_def_for, resolve_partition
+from batch_assets.reliability.row_ids import stable_hash64
 from batch_assets.spec import PipelineSpec, written_path
 from batch_assets.stage_names import ASSET_NAMES, INFER, PREPARE, READ, WRITE, upstream_of
 from batch_assets.stages.sources.files import file_infos, file_row_ids
@@ -166,7 +168,7 @@ def _version_of(spec: PipelineSpec, url: str, info: dict[str, Any] | None, root:
 
 def versions_per_key(spec: PipelineSpec) -> bool:
     """Whether each hash shard's source version covers only its own files (`own_files`), not the whole source."""
-    return (spec.source.format == "files" and spec.partitioning.kind == "hash"
+    return (spec.source.format == "files" and partition_kind(spec).reads_whole_source
             and spec.prepare.id_column in (None, "file_path"))
 
 

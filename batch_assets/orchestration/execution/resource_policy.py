@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import Any
 
 from batch_assets.errors import PipelineError
-from batch_assets.partitions import resolve_partition, source_path_for
+from batch_assets.partitions import partition_kind, resolve_partition, source_path_for
 from batch_assets.spec import (
     InferResources,
     PipelineSpec,
@@ -129,7 +129,7 @@ class PartitionSizes:
     @cached_property
     def _shard_divisor(self) -> int:
         # hash shards split every source row: each is about 1/count of the total
-        return (self.spec.partitioning.count or 1) if self.spec.partitioning.kind == "hash" else 1
+        return partition_kind(self.spec).shards(self.spec)
 
     def _files(self, key: str) -> list[str]:
         return resolve_partition(self.spec, key).files

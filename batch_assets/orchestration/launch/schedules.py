@@ -20,10 +20,18 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 
 from batch_assets.orchestration.assets import lineage
+from batch_assets.orchestration.assets.factory import STORAGE_KEY
 from batch_assets.orchestration.launch import claims
 from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
-from batch_assets.orchestration.assets.factory import STORAGE_KEY
-from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for, source_path_for
+from batch_assets.partitions import (
+    KINDS,
+    day_timezone,
+    dimension_keys,
+    multi_key,
+    partitions_def_for,
+    source_path_for,
+    time_dimension,
+)
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import filesystem_for
 
@@ -35,7 +43,7 @@ def schedule_name(spec: PipelineSpec) -> str:
 def newest_complete_day(spec: PipelineSpec, at: datetime) -> str | None:
     """The key of the last day whose window has ended at `at`, or None before the first day ends."""
     pdef = partitions_def_for(spec)
-    day_dim = spec.partitioning.time_dimension()
+    day_dim = time_dimension(spec)
     if day_dim is not None:  # multi: the day is the daily dimension's
         pdef = pdef.get_partitions_def_for_dimension(day_dim.name)  # type: ignore[attr-defined]
     assert isinstance(pdef, dg.TimeWindowPartitionsDefinition)
@@ -55,7 +63,7 @@ def _missing_source(spec: PipelineSpec, key: str) -> str | None:
 
 def _other_dimension_keys(spec: PipelineSpec, instance: dg.DagsterInstance) -> tuple[str, list[str]]:
     """multi: the non-daily dimension's name and its keys now (a dynamic dimension's are in the instance)."""
-    other = next(d for d in spec.partitioning.dimensions or [] if d.kind != "daily")
+    other = next(d for d in spec.partitioning.dimensions or [] if not KINDS[d.kind].days)
     pdef = partitions_def_for(spec).get_partitions_def_for_dimension(other.name)  # type: ignore[attr-defined]
     with dg.partition_loading_context(dynamic_partitions_store=instance):
         return other.name, list(pdef.get_partition_keys())
@@ -90,8 +98,8 @@ def build_schedule(spec: PipelineSpec, job_name: str) -> dg.ScheduleDefinition |
     if spec.schedule is None:
         return None
     cfg = spec.schedule
-    timezone = cfg.timezone or spec.partitioning.day_timezone()
-    day_dim = spec.partitioning.time_dimension()
+    timezone = cfg.timezone or day_timezone(spec)
+    day_dim = time_dimension(spec)
     start_date = day_dim.start_date if day_dim is not None else spec.partitioning.start_date
 
     @dg.schedule(

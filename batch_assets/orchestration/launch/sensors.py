@@ -40,13 +40,13 @@ import dagster as dg
 
 from batch_assets.errors import PipelineError
 from batch_assets.orchestration.assets import lineage
-from batch_assets.orchestration.launch import claims
-from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
 from batch_assets.orchestration.assets.factory import STORAGE_KEY
 from batch_assets.orchestration.assets.lineage import file_modified
+from batch_assets.orchestration.launch import claims
+from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
+from batch_assets.partitions import MULTI_KEY_FORBIDDEN, dimension_keys, partition_kind, partitions_def_for
 from batch_assets.sample_data import ensure_sample
-from batch_assets.partitions import dimension_keys, multi_key, partitions_def_for
-from batch_assets.spec import MULTI_KEY_FORBIDDEN, PARTITION_TOKEN, PipelineSpec
+from batch_assets.spec import PipelineSpec
 from batch_assets.stage_names import ASSET_NAMES
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage, filesystem_for
@@ -88,9 +88,7 @@ _modified = file_modified
 
 def _placeholders(spec: PipelineSpec) -> list[str]:
     """The names a file's path gives a key for: {partition}, or each dimension of multi partitioning."""
-    if spec.partitioning.kind == "multi":
-        return [d.name for d in spec.partitioning.dimensions or []]
-    return [PARTITION_TOKEN.strip("{}")]
+    return partition_kind(spec).placeholders(spec)
 
 
 def _key_pattern(path: str, names: list[str]) -> re.Pattern[str]:
@@ -110,9 +108,7 @@ def _key_pattern(path: str, names: list[str]) -> re.Pattern[str]:
 
 
 def _file_key(spec: PipelineSpec, match: re.Match[str], names: list[str]) -> str:
-    if spec.partitioning.kind == "multi":
-        return multi_key(spec, {name: match[name] for name in names})
-    return match[names[0]]
+    return partition_kind(spec).key_of(spec, {name: match[name] for name in names})
 
 
 def list_source_files(spec: PipelineSpec) -> list[SourceFile]:

@@ -5,8 +5,9 @@ A format's module has `SINK`, an object with (stages/sinks/base.py `Sink`): `par
 written), `written_schema(url, schema)` and `spec_problems(spec)` (what the spec asks that this format cannot do,
 checked when the spec loads). The write stage (stages/write.py) checks exactly-once around it.
 
-A new format is one module here, one line below and a test (docs/concepts.md, "Plugging in").
-Entries are import paths, so that the spec can list the formats without importing every writer (nor LanceDB).
+A new format is one module here, one line below, its name in batch_assets/registries.py (where the spec's schema
+takes its choices from) and a test (docs/concepts.md, "Plugging in"). Entries are import paths, so that asking a
+format for its `spec_problems` (spec.PipelineSpec, at load) never imports every writer (nor LanceDB).
 """
 
 from __future__ import annotations

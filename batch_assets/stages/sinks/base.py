@@ -7,7 +7,7 @@ from typing import IO, Protocol
 
 import pyarrow as pa
 
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import atomic_output, filesystem_for, join, partition_file_name
 
 
@@ -16,16 +16,16 @@ class Sink(Protocol):
     # for a store that cannot hold a failed row's empty output (a vector store and its null vector).
     keeps_failed_rows: bool
 
-    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+    def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         """Where `partition` is published, under the sink's base folder or database (`sink.path` or the default)."""
 
-    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+    def write(self, spec: PipelineSections, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
         """Stream `batches` into `url`; returns rows written. Visible only when complete (one commit)."""
 
     def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
         """The schema as published (a table may add its own columns)."""
 
-    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
         """(field, problem) for what the spec asks that this sink cannot do; checked at load."""
 
 
@@ -35,10 +35,10 @@ class FileSink:
     extension = ""
     keeps_failed_rows = True  # a file keeps every row, failed ones with their `error`
 
-    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+    def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         return join(base, partition_file_name(partition, self.extension))
 
-    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+    def write(self, spec: PipelineSections, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
         fs, path = filesystem_for(url)
         with atomic_output(fs, path) as f:
             return self.write_file(f, batches, schema)
@@ -49,5 +49,5 @@ class FileSink:
     def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
         return schema
 
-    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
         return [("sink.table", "table applies to the lancedb sink only")] if spec.sink.table else []

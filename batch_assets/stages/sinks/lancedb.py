@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import NAME_RE, PipelineSpec
+from batch_assets.spec_sections import NAME_RE, PipelineSections
 from batch_assets.storage import join, resolve_local
 
 PARTITION_COLUMN = "partition_key"
@@ -151,10 +151,10 @@ class LanceSink:
 
     keeps_failed_rows = False
 
-    def partition_url(self, base: str, spec: PipelineSpec, partition: str) -> str:
+    def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         return partition_url(base, spec.sink.table or spec.name, partition)
 
-    def write(self, spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+    def write(self, spec: PipelineSections, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
         return write_partition(url, batches, schema, spec.prepare.id_column)
 
     def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
@@ -162,7 +162,7 @@ class LanceSink:
         database, table, _ = parse_partition_url(url)
         return connect(database).open_table(table).schema
 
-    def spec_problems(self, spec: PipelineSpec) -> list[tuple[str, str]]:
+    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
         sink, problems = spec.sink, []
         if PARTITION_COLUMN in spec.source.columns or PARTITION_COLUMN in (sink.columns or []):
             problems.append(("sink.columns", "the lancedb sink adds column 'partition_key' itself: rename yours"))

@@ -9,12 +9,21 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
-from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
+from batch_assets.spec_sections import PipelineSections
+from batch_assets.stages.sources.common import Problems, option_problems, first_bad_utf8_row, missing_columns, no_row_count_problems
 from batch_assets.storage import filesystem_for
 
 
-def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+# The source fields of common.FORMAT_OPTIONS this format reads (a spec setting another is refused).
+OPTIONS = frozenset({"encoding", "block_size", "types", "sample"})
+
+
+def spec_problems(spec: PipelineSections) -> Problems:
+    """What the spec asks that this format cannot do (spec.PipelineSpec asks at load)."""
+    return option_problems(spec, OPTIONS) + no_row_count_problems(spec)
+
+
+def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     block = spec.source.block_size
     while True:  # the first block must hold the header and the first row
@@ -61,16 +70,16 @@ def _grow(exc: Exception, size: int, block: int) -> int | None:
     return None
 
 
-def _read_options(spec: PipelineSpec, block: int) -> pacsv.ReadOptions:
+def _read_options(spec: PipelineSections, block: int) -> pacsv.ReadOptions:
     return pacsv.ReadOptions(encoding=spec.source.encoding, block_size=block)
 
 
-def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
+def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:
     """A CSV file stores no types: the declared columns are read as text."""
     return None
 
 
-def csv_error(spec: PipelineSpec, url: str, exc: Exception, header: list[str]) -> PipelineError:
+def csv_error(spec: PipelineSections, url: str, exc: Exception, header: list[str]) -> PipelineError:
     message = str(exc)
     if "UTF8" in message or "utf-8" in message.lower() or isinstance(exc, UnicodeDecodeError):
         row = first_bad_utf8_row(url)

@@ -32,19 +32,20 @@ from typing import Any
 
 import pyarrow as pa
 
+from batch_assets.registries import FILE_COLUMNS
+from batch_assets.stages.sources.common import Problems, no_row_count_problems, option_problems
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import filesystem_for, is_remote, open_input, shown_path
 
 __all__ = ["FILE_COLUMNS", "SCHEMA", "batches", "empty_schema", "file_infos", "file_row_ids", "open_input",
-           "partition_batches"]
+           "partition_batches", "spec_problems"]
 
-SCHEMA = pa.schema([
+SCHEMA = pa.schema([  # the columns are FILE_COLUMNS, in order (tests/test_registries.py): the spec chooses from those
     pa.field("file_path", pa.string()),
     pa.field("file_size", pa.int64()),
     pa.field("file_mtime", pa.timestamp("us", tz="UTC")),
     pa.field("file_version", pa.string()),
 ])
-FILE_COLUMNS = tuple(SCHEMA.names)
 # An object-store folder holding more of a partition's files than this is listed once (one LIST per 1,000 objects)
 # instead of asked file by file (one HEAD each); a folder of 10,000 objects read by a one-file partition is still
 # asked for that object alone.
@@ -54,6 +55,21 @@ GONE = "not found (removed after it was listed, or a link to nothing)"
 READ_ERRORS = ("are files that could not be looked up or read",
                "fix the access to the files named (or remove them), or raise runtime.max_error_fraction to keep such "
                "files as row errors")
+
+
+OPTIONS: frozenset[str] = frozenset()  # no source field of common.FORMAT_OPTIONS applies to the files themselves
+
+
+def spec_problems(spec: Any) -> Problems:
+    """What a files source reads is fixed: its columns and their types; no text setting or sample data applies
+    (spec.PipelineSpec asks at load)."""
+    problems: Problems = []
+    unknown = [c for c in spec.source.columns if c not in FILE_COLUMNS]
+    if unknown:
+        problems.append(("source.columns", f"{', '.join(map(repr, unknown))} is not a column of a files source (one "
+                         f"row per file: {', '.join(FILE_COLUMNS)}); name the file's column, or leave columns out"))
+    problems += option_problems(spec, OPTIONS, "one row per file, with fixed columns and types")
+    return problems + no_row_count_problems(spec)
 
 
 def partition_batches(spec: Any, urls: list[str], cache_root: str | None = None, versions: bool = True

@@ -17,15 +17,24 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
-from batch_assets.stages.sources.common import first_bad_utf8_row, missing_columns
+from batch_assets.spec_sections import PipelineSections
+from batch_assets.stages.sources.common import Problems, option_problems, first_bad_utf8_row, missing_columns, no_row_count_problems
 from batch_assets.stages.sources.types import declared_types
 from batch_assets.storage import filesystem_for
 
 BOM = b"\xef\xbb\xbf"
 
 
-def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+# The source fields of common.FORMAT_OPTIONS this format reads (a spec setting another is refused).
+OPTIONS = frozenset({"encoding", "block_size", "types", "sample"})
+
+
+def spec_problems(spec: PipelineSections) -> Problems:
+    """What the spec asks that this format cannot do (spec.PipelineSpec asks at load)."""
+    return option_problems(spec, OPTIONS) + no_row_count_problems(spec)
+
+
+def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     encoding = spec.source.encoding.lower().replace("_", "-")
     declared = declared_types(spec)
@@ -63,7 +72,7 @@ def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
                                 fix="each line must be one JSON object") from None
 
 
-def _not_utf8(spec: PipelineSpec, url: str) -> PipelineError:
+def _not_utf8(spec: PipelineSections, url: str) -> PipelineError:
     return PipelineError(f"the file is not valid {spec.source.encoding}", row=first_bad_utf8_row(url),
                          fix="re-encode the file as UTF-8, or set source.encoding in the spec")
 
@@ -92,7 +101,7 @@ def _parse(block: bytes, schema: pa.Schema | None) -> pa.Table | None:
         return None
 
 
-def _parse_lines(spec: PipelineSpec, block: bytes, schema: pa.Schema | None,
+def _parse_lines(spec: PipelineSections, block: bytes, schema: pa.Schema | None,
                  declared: dict[str, pa.DataType], first_line: int) -> pa.Table:
     """The wanted columns of the block, line by line (error path only): a column whose values do not fit one type
     comes out as text (JSON text for objects and lists)."""
@@ -130,7 +139,7 @@ def _column(values: list, kind: pa.DataType | None) -> pa.Array:
                          for v in values], pa.string())
 
 
-def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
+def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:
     """A JSON lines file with no rows has no types either."""
     return None
 
@@ -156,7 +165,7 @@ def line_blocks(f, size: int) -> Iterator[bytes]:
         yield rest
 
 
-def check_utf8(spec: PipelineSpec, url: str, batch: pa.RecordBatch) -> None:
+def check_utf8(spec: PipelineSections, url: str, batch: pa.RecordBatch) -> None:
     """pyarrow's JSON reader passes invalid UTF-8 through into string columns; catch it here, by column and row,
     before a later stage trips over it."""
     for name in batch.schema.names:

@@ -8,12 +8,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec import PipelineSpec
-from batch_assets.stages.sources.common import missing_columns
+from batch_assets.spec_sections import PipelineSections
+from batch_assets.stages.sources.common import Problems, option_problems, missing_columns
 from batch_assets.storage import filesystem_for
 
 
-def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+# The source fields of common.FORMAT_OPTIONS this format reads (a spec setting another is refused).
+OPTIONS = frozenset({"types", "sample"})
+
+
+def spec_problems(spec: PipelineSections) -> Problems:
+    """What the spec asks that this format cannot do (its footers hold the row counts by_size asks for)."""
+    return option_problems(spec, OPTIONS, "a Parquet file holds its own encoding and row groups")
+
+
+def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:
         try:
@@ -25,7 +34,7 @@ def batches(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
         yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)
 
 
-def empty_schema(spec: PipelineSpec, url: str) -> pa.Schema | None:
+def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:
     """The file's own column types, from its footer (a file with no rows still has them)."""
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:

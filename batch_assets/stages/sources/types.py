@@ -13,17 +13,17 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.spec import PipelineSpec
+from batch_assets.spec_sections import PipelineSections
 
 READ_ERROR_COLUMN = "_read_error"
 BAD_VALUE = "bad value"  # how every row error of the read starts (dead_letters.py classifies it as an input error)
 
 
-def declared_types(spec: PipelineSpec) -> dict[str, pa.DataType]:
+def declared_types(spec: PipelineSections) -> dict[str, pa.DataType]:
     return {name: pa.type_for_alias(alias) for name, alias in spec.source.types.items()}
 
 
-def target_schema(spec: PipelineSpec, first: pa.Schema) -> pa.Schema:
+def target_schema(spec: PipelineSections, first: pa.Schema) -> pa.Schema:
     """The schema every batch of one file is cast to: declared types, else those of the file's first batch (a
     column with no value at all there, type null, becomes text so that a later value has somewhere to go)."""
     declared = declared_types(spec)
