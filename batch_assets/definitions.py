@@ -120,8 +120,7 @@ def executor_definitions(pipelines: dg.Definitions | None = None) -> dg.Definiti
     (docs/adding-a-pipeline.md)."""
     if os.environ.get("BATCH_EXECUTOR") == "k8s":
         try:
-            # dagster-k8s and its client: heavy
-            from batch_assets.orchestration.execution.k8s_executor import batch_k8s_executor
+            from batch_assets.orchestration.execution.k8s_executor import batch_k8s_executor  # heavy: dagster-k8s
         except ImportError as exc:
             raise MissingExtraError("dagster-k8s", "k8s", "BATCH_EXECUTOR=k8s (one Kubernetes Job per step)") from exc
 

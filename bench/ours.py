@@ -207,7 +207,7 @@ def run_metrics(name: str, start_epoch: float = 0.0, end_epoch: float = 0.0) -> 
             if f"STEP_START:{key}" in stamps and f"STEP_SUCCESS:{key}" in stamps:
                 out[f"phase_step_{stage}_s"] = stamps[f"STEP_SUCCESS:{key}"] - stamps[f"STEP_START:{key}"]
             if f"phase_step_{stage}_s" in out and out[f"phase_step_{stage}_s"] < out[f"{stage}_s"]:
-                # partitions overlapped (an HTTP provider's infer step, batch_assets/orchestration/overlap.py):
+                # partitions overlapped (an HTTP provider's infer step, batch_assets/orchestration/execution/overlap.py):
                 # their durations overlap in time, so the step's own span is the time it took
                 out[f"{stage}_s"] = out[f"phase_step_{stage}_s"]
         window = [e.timestamp for e in logs

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batch_assets.orchestration.sample_data import GENERATORS
+from batch_assets.sample_data import GENERATORS
 from batch_assets.registries import FILE_COLUMNS, SAMPLE_DATASETS, SINK_FORMATS, SOURCE_FORMATS
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.stages.sinks import SINKS, sink_for
