@@ -151,6 +151,7 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
         "Versions (peers' virtualenv): " + (", ".join(f"{k} {v}" for k, v in meta.get("versions_peers", {}).items())
                                            or "not installed") + ".",
         "",
+        *_carried(meta),
         "#### Targets",
         "",
         "| target | measured | goal | verdict |",
@@ -230,6 +231,16 @@ def render(meta: dict[str, Any], results: dict[str, Any]) -> str:
         if "error" in section:
             lines += ["", f"Section `{name}` failed: see bench/results/{name}.json."]
     return "\n".join(lines)
+
+
+def _carried(meta: dict[str, Any]) -> list[str]:
+    """Which sections were not run this time, and the run each one's figures come from."""
+    carried = meta.get("carried") or {}
+    if not carried:
+        return []
+    runs = "; ".join(f"`{name}` from the run of {run.get('date_utc')} (commit {run.get('commit')})"
+                     for name, run in sorted(carried.items()))
+    return [f"Not rerun this time, shown from their last run (bench/results/<section>.json): {runs}.", ""]
 
 
 def write_doc(meta: dict[str, Any], results: dict[str, Any]) -> None:

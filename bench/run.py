@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ours  # noqa: E402
 from common import (  # noqa: E402
-    BENCH, OUR_PY, PEERS_PY, ROOT, WORK, Knobs, Run, log, machine, run_process, summary, versions, write_json,
+    BENCH, OUR_PY, PEERS_PY, RESULTS, ROOT, WORK, Knobs, Run, log, machine, run_process, summary, versions,
+    write_json,
 )
 from data import write_documents, write_prompts  # noqa: E402
 from report import RAW_EMBED, steady_state_overhead, write_doc  # noqa: E402
@@ -530,7 +531,8 @@ def main() -> int:
     }
     write_json("meta", meta)
     log(f"profile {knobs.profile}: sections {', '.join(knobs.sections)}; work folder {WORK}")
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = carried_sections(knobs.sections)
+    meta["carried"] = {name: section["run"] for name, section in results.items()}
     failed = []
     for name in knobs.sections:
         log(f"section {name}")
@@ -542,6 +544,7 @@ def main() -> int:
             failed.append(name)
             log(f"section {name} FAILED:\n{traceback.format_exc()}")
         results[name]["section_seconds"] = round(time.perf_counter() - start, 1)
+        results[name]["run"] = {"date_utc": meta["date_utc"], "commit": meta["commit"], "profile": knobs.profile}
         write_json(name, results[name])
         write_doc(meta, results)  # after every section: a run cut short still leaves the figures it has
         log(f"section {name} done in {results[name]['section_seconds']}s: {json.dumps(results[name].get('ratios'))}")
@@ -551,6 +554,26 @@ def main() -> int:
     write_doc(meta, results)
     log("results in bench/results/*.json and docs/BENCHMARKS.md")
     return 1 if failed else 0
+
+
+def carried_sections(running: list[str]) -> dict[str, Any]:
+    """The figures of the sections this run does not run, from their last run (bench/results/<section>.json), so a
+    run of one section leaves the others' figures in docs/BENCHMARKS.md, each marked with the run it came from."""
+    carried: dict[str, Any] = {}
+    for name in SECTIONS:
+        path = RESULTS / f"{name}.json"
+        if name in running or not path.exists():
+            continue
+        section = json.loads(path.read_text())
+        if "error" in section:
+            continue
+        if "run" not in section:  # written before sections recorded their run: the commit that last wrote the file
+            last = subprocess.run(["git", "log", "-1", "--format=%cI %h", "--", str(path)], cwd=ROOT,
+                                  capture_output=True, text=True).stdout.split()
+            section["run"] = {"date_utc": last[0] if last else "?", "commit": last[1] if len(last) > 1 else "?",
+                              "profile": "?"}
+        carried[name] = section
+    return carried
 
 
 if __name__ == "__main__":
