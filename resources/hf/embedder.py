@@ -167,6 +167,13 @@ class SentenceTransformerEmbedder(ModelResource):
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
 
+    def vector_dimensions(self) -> int | None:
+        """The model's vector size: an empty partition's output column is still a list of that many float32."""
+        try:
+            return self.dimensions
+        except Exception:  # noqa: BLE001 - a model that cannot say: the column's type comes from the first vectors
+            return None
+
     def input_tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
