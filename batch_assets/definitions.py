@@ -37,7 +37,7 @@ from batch_assets.components.pipeline import pipeline_definitions
 from batch_assets.orchestration.assets.factory import STORAGE_KEY, pipeline_specs
 from batch_assets.orchestration.execution.executors import local_executor
 from batch_assets.orchestration.upstream_checks import check_upstream_sources
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.spec import PipelineSpec, SpecError
 from batch_assets.storage import DEFAULT_STORAGE, DEFAULT_STORAGE_ROOT, check_root_for_executor
 

@@ -482,7 +482,7 @@ class RuntimeSpec(_Strict):
         default=None,
         description="Dagster pool of the infer step (caps concurrent infer steps across runs). Default: one pool "
         "per external endpoint ('endpoint:<host>'), 'gpu' when any partition asks for a GPU, else none "
-        "(batch_assets/orchestration/execution/pools.py).",
+        "(batch_assets/orchestration/execution/pool_slots.py).",
     )
     progress_every_s: float = Field(
         default=10.0,

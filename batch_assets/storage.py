@@ -28,7 +28,7 @@ from pydantic import Field
 
 from batch_assets.errors import PipelineError
 from batch_assets.stage_names import WRITE
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 
 DEFAULT_STORAGE_ROOT = "data/storage"
 S3_BLOCK_SIZE = 16 * 2**20  # multipart part size: the most an S3 upload buffers in memory

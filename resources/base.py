@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import dagster as dg
 from pydantic import PrivateAttr
 
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.fields import Role, chosen_settings, role
 from batch_assets.resources.secrets import env_secret_values, resolve_env_refs, scrub
 
@@ -27,7 +27,7 @@ LOAD_COUNTS: Counter[str] = Counter()
 
 
 # The batch Kubernetes executor sets this on the infer container to the GPUs the step's pod was given
-# (batch_assets/orchestration/execution/resource_policy.py); unset outside Kubernetes.
+# (batch_assets/orchestration/execution/pod_compute.py); unset outside Kubernetes.
 INFER_GPUS_ENV = "BATCH_INFER_GPUS"
 # ... and, when it has several GPUs, how to use them: 'tensor_parallel' (one model over all) or 'replicas' (one
 # model copy per GPU; providers that run replicas read it at load).
@@ -74,7 +74,7 @@ class ModelResource(dg.ConfigurableResource):
     # Dagster kinds shown on the pipeline's infer asset (its tags and icons in the UI).
     dagster_kinds: ClassVar[frozenset[str]] = frozenset({"python"})
     # A hosted HTTP API: the host its calls go to when the config sets no `base_url`. Every infer step calling one
-    # endpoint holds the Dagster pool `endpoint:<host>` (batch_assets/orchestration/execution/pools.py), and the infer
+    # endpoint holds the Dagster pool `endpoint:<host>` (batch_assets/orchestration/execution/pool_slots.py), and the infer
     # asset's metadata says the model ran remotely. None: the model runs in the step's own process.
     default_endpoint: ClassVar[str | None] = None
     # Several GPUs in one step (runtime.resources gpu_strategy): one model copy per GPU (`replicas`), or one model
@@ -111,7 +111,7 @@ class ModelResource(dg.ConfigurableResource):
     @classmethod
     def waits_on_batches(cls, config: dict[str, Any]) -> bool:
         """Whether this `model.config` sends rows through the provider's batch API (answers come hours later; the
-        infer step waits for them without holding the endpoint's pool: batch_assets/orchestration/execution/pools.py)."""
+        infer step waits for them without holding the endpoint's pool: batch_assets/orchestration/execution/pool_slots.py)."""
         return False
 
     # The task methods (`generate`, `embed`) whose rows this provider can send through its batch API.

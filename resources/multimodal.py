@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 
 DEFAULT_MAX_SIDE = 768
 MAX_DOWNLOAD_BYTES = 50 * 1024 * 1024  # a bigger "image" is almost certainly the wrong object

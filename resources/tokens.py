@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.hf.models import MINILM, SMOLLM2, minilm_path, smollm2_location
 from batch_assets.resources.protocols import GenerationParams
 

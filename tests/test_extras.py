@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batch_assets.errors import PipelineError
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.spec import SpecError
 from tests.conftest import EMBED_SPEC, make_spec
 

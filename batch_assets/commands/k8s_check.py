@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from batch_assets.orchestration.execution.k8s_executor import step_container_context, with_gpu_node_pool
-from batch_assets.orchestration.execution.resource_policy import check_gpu_strategy, resources_for_keys, with_gpu_defaults
+from batch_assets.orchestration.execution.pod_compute import check_gpu_strategy, resources_for_keys, with_gpu_defaults
 from batch_assets.pod_security import restricted_violations
 from batch_assets.spec import PipelineSpec
 

@@ -1,6 +1,6 @@
 """`python -m batch_assets.commands.pools status [pool]` / `free <run id>`: who holds the Dagster pools' slots, and
 freeing the slots of a run that is gone. What the pools are and how the infer step takes its slot:
-batch_assets/orchestration/execution/pools.py."""
+batch_assets/orchestration/execution/pool_slots.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import dagster as dg
 
-from batch_assets.orchestration.execution.pools import free_run_slots
+from batch_assets.orchestration.execution.pool_slots import free_run_slots
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_assets import tasks
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stage_names import INFER
 from batch_assets.storage import ArrowStorage, atomic_output, filesystem_for, join
 from batch_assets.resources.fields import answer_settings
@@ -78,7 +78,7 @@ def code_version(provider: Any) -> str:
     return f"{version}+{_source_digest(files)}"
 
 
-def fingerprint(spec: PipelineSpec, provider: Any) -> str:
+def fingerprint(spec: PipelineSections, provider: Any) -> str:
     provider = provider.unwrapped  # inside the response cache's wrapper: its class and code computed the rows
     material = {
         "provider": spec.model.provider,
@@ -110,7 +110,8 @@ class ChunkCheckpoint:
     """The committed chunks of one partition's inference under one fingerprint (`stage` "retry": of the retry of
     its dead letters, kept apart from the partition's own chunks)."""
 
-    def __init__(self, storage: ArrowStorage, spec: PipelineSpec, partition: str, fp: str, stage: str = INFER.asset):
+    def __init__(self, storage: ArrowStorage, spec: PipelineSections, partition: str, fp: str,
+                 stage: str = INFER.asset):
         self.partition_url = staging_url(storage, spec.name, partition, stage)
         self.url = join(self.partition_url, fp)
         self.fingerprint = fp

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import ArrowStorage, join, partition_file_name, write_parquet
 from batch_assets.tasks import task_type
 
@@ -55,7 +55,7 @@ def _text(value: Any) -> str | None:
     return None if value is None else value if isinstance(value, str) else str(value)
 
 
-def dead_letters_of(spec: PipelineSpec, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+def dead_letters_of(spec: PipelineSections, batch: pa.RecordBatch) -> pa.RecordBatch | None:
     """The failed rows of an `inferred` batch, in the dead-letter schema; None when none failed."""
     failed = pc.is_valid(batch.column("error"))
     if not pc.any(failed).as_py():
@@ -81,7 +81,7 @@ def dead_letters_of(spec: PipelineSpec, batch: pa.RecordBatch) -> pa.RecordBatch
 class DeadLetterWriter:
     """Streams the failed rows of a partition into its dead-letter file, committed atomically on a clean exit."""
 
-    def __init__(self, spec: PipelineSpec, url: str) -> None:
+    def __init__(self, spec: PipelineSections, url: str) -> None:
         self.spec, self.url, self.rows = spec, url, 0
         self._cm = write_parquet(url, DEAD_LETTER_SCHEMA)
         self._writer = None

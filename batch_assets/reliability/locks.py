@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.storage import (credentials_refused, filesystem_for, is_remote, join, partition_file_name,
                                   s3_options_from_env, storage_access_refused)
 

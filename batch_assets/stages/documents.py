@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.stages.transforms import html_to_text
 from batch_assets.storage import open_input, shown_path
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.resources.multimodal import prepare_images as prepare_column
 
 
-def prepare_images(spec: PipelineSpec, batch: pa.RecordBatch) -> tuple[pa.Array, list[str | None]]:
+def prepare_images(spec: PipelineSections, batch: pa.RecordBatch) -> tuple[pa.Array, list[str | None]]:
     """(list<binary> column of encoded images per row, per-row problem or None)."""
     n = batch.num_rows
     per_row: list[list[bytes]] = [[] for _ in range(n)]

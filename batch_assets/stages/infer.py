@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from batch_assets.errors import PipelineError
 from batch_assets.reliability.checkpoint import ChunkCheckpoint, column_digest, fingerprint
 from batch_assets.reliability.journal import AnswerJournal, row_keys
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stage_names import INFER, PREPARE
 from batch_assets.stages.infer_batch import remove_ledger, run_batches, uses_batches
 from batch_assets.stages.infer_guards import fail_if_all_failed_alike, fail_on_unparseable, stop_if_unparseable
@@ -51,7 +51,7 @@ from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.trial import trial_footer
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, read_batches, upstream_url, write_parquet
 from batch_assets.tasks import ERROR_COLUMN, TRUNCATED_COLUMN, ChunkPlan, Task, task_for, task_type
-from batch_assets.resources.errors import GAVE_UP, ProviderSetupError
+from batch_assets.resources.provider_errors import GAVE_UP, ProviderSetupError
 from batch_assets.resources.structured import UNPARSEABLE
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,8 @@ class InferStats:
                 self.run_error_samples.append(f"[{self.partition}] {row_id}: {err}")
 
 
-def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any, stats: InferStats) -> PartitionReport:
+def run_infer(spec: PipelineSections, storage: ArrowStorage, key: str, provider: Any,
+              stats: InferStats) -> PartitionReport:
     """The infer stage for one partition: `prepared` rows in, `inferred` rows (inputs, outputs, `error`) out.
     `stats` accumulates over every partition of the run."""
     start = time.perf_counter()
@@ -138,7 +139,7 @@ def run_infer(spec: PipelineSpec, storage: ArrowStorage, key: str, provider: Any
     return PartitionReport(key, total, rows, time.perf_counter() - start, url, {**extra, **chosen})
 
 
-def choose_for_partition(spec: PipelineSpec, provider: Any, src: str, key: str) -> dict[str, Any]:
+def choose_for_partition(spec: PipelineSections, provider: Any, src: str, key: str) -> dict[str, Any]:
     """What the provider decides from the partition's own rows before its fingerprint is taken (the embedder's
     `precision: fast`: resources/hf/precision.py); the partition's metadata about it, and a log line."""
     column = task_type(spec).model_input(spec)[0]
@@ -192,7 +193,7 @@ def infer_rows(task: Task, src: str, url: str, checkpoint: ChunkCheckpoint, stat
     }
 
 
-def label_metadata(spec: PipelineSpec, stats: InferStats, rows: int) -> dict[str, Any]:
+def label_metadata(spec: PipelineSections, stats: InferStats, rows: int) -> dict[str, Any]:
     """Predicted-label counts of the partition, one int per declared label (0 included, so Dagster plots each
     label across partitions), and the declared labels the model never predicted in it."""
     predicted = task_type(spec).predicted_labels(spec)

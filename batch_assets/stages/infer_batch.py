@@ -46,7 +46,7 @@ from batch_assets.reliability.journal import AnswerJournal, row_keys
 from batch_assets.stages.infer_streams import exact_chunks
 from batch_assets.storage import read_batches
 from batch_assets.tasks import Task
-from batch_assets.resources.errors import GAVE_UP, BatchNotIdentified
+from batch_assets.resources.provider_errors import GAVE_UP, BatchNotIdentified
 from batch_assets.resources.protocols import BatchState, Generation
 
 log = logging.getLogger(__name__)

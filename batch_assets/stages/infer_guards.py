@@ -14,9 +14,9 @@ import re
 from typing import Any
 
 from batch_assets.errors import PipelineError
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.tasks import ChunkPlan
-from batch_assets.resources.errors import GAVE_UP
+from batch_assets.resources.provider_errors import GAVE_UP
 from batch_assets.resources.registry import provider_class
 from batch_assets.resources.structured import is_unparseable, validate_output
 
@@ -35,7 +35,7 @@ def _clip(text: str | None, limit: int = 120) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
+def unparseable_fix(spec: PipelineSections, provider: Any, failure: str) -> str:
     """What to do about answers that do not parse, by the likely cause."""
     hints = []
     if "cut off" in failure or "max_new_tokens" in failure:
@@ -47,7 +47,7 @@ def unparseable_fix(spec: PipelineSpec, provider: Any, failure: str) -> str:
     return "; ".join(hints)
 
 
-def stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], results: list[Any]) -> None:
+def stop_if_unparseable(spec: PipelineSections, provider: Any, ids: list[Any], results: list[Any]) -> None:
     """Stop the step when every probed answer failed to parse the same way (`stop_after_unparseable`)."""
     structured = spec.task.structured
     problems = [r.error if r.error else validate_output(r.text, structured, getattr(r, "finish_reason", None))[1] for r in results]
@@ -65,7 +65,7 @@ def stop_if_unparseable(spec: PipelineSpec, provider: Any, ids: list[Any], resul
     )
 
 
-def fail_on_unparseable(spec: PipelineSpec, provider: Any, plan: ChunkPlan, ids: list[Any], index: int,
+def fail_on_unparseable(spec: PipelineSections, provider: Any, plan: ChunkPlan, ids: list[Any], index: int,
                         results: Any) -> None:
     """`on_unparseable: fail`: a chunk holding an answer that did not parse fails the step, showing the answers."""
     structured = spec.task.structured

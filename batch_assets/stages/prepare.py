@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batch_assets.reliability.row_ids import UniqueIdChecker
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stage_names import PREPARE, READ
 from batch_assets.stages.documents import extract_documents, prepare_file_parts
 from batch_assets.stages.images import prepare_images
@@ -41,7 +41,7 @@ EMPTY = "empty input"  # the prefix of an empty input's reason (the other reason
 _NO_REASON = pa.scalar(None, pa.string())
 
 
-def run_prepare(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+def run_prepare(spec: PipelineSections, storage: ArrowStorage, key: str) -> PartitionReport:
     """The prepare stage for one partition: `raw` rows in (ids already proven unique by the read stage), `prepared`
     rows (with model inputs) out."""
     start = time.perf_counter()
@@ -99,7 +99,7 @@ def _any(flags: list[pa.Array], n: int) -> pa.Array:
     return out
 
 
-def prepare_batches(spec: PipelineSpec, batches: Iterator[pa.RecordBatch], ids: UniqueIdChecker | None = None,
+def prepare_batches(spec: PipelineSections, batches: Iterator[pa.RecordBatch], ids: UniqueIdChecker | None = None,
                     key: str | None = None) -> Iterator[pa.RecordBatch]:
     """Prepared batches; each batch's row ids go to `ids`, whose caller checks them once the stream ends."""
     prep, reads = spec.prepare, task_type(spec).reads  # prompt | text | columns | image | audio (batch_assets/tasks)

@@ -28,7 +28,7 @@ from batch_assets.reliability.row_ids import (
     row_hashes,
     stable_hash64,
 )
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stage_names import READ
 from batch_assets.stages.report import PartitionReport
 from batch_assets.stages.sources import source_module
@@ -85,7 +85,7 @@ class ReadErrors:
             if len(self.samples) < 5:
                 self.samples += errors.drop_null()[: 5 - len(self.samples)].to_pylist()
 
-    def check(self, spec: PipelineSpec, key: str, total: int) -> None:
+    def check(self, spec: PipelineSections, key: str, total: int) -> None:
         limit = spec.runtime.max_error_fraction
         # a format may say what its read errors are (files: a file that could not be stat'ed or hashed)
         what, fix = getattr(source_module(spec.source.format), "READ_ERRORS", (
@@ -110,7 +110,7 @@ def _places(where: list[tuple[str, int]]) -> str:
     return ", ".join(f"{f} row {n}" for f, n in where)
 
 
-def resolve_duplicates(spec: PipelineSpec, ids: UniqueIdChecker, rescan) -> Duplicates | None:
+def resolve_duplicates(spec: PipelineSections, ids: UniqueIdChecker, rescan) -> Duplicates | None:
     """None when every row id of the partition is unique. Else, under `prepare.duplicate_ids: fail`, an error
     naming the id column, the ids, their files and rows and the fix; under keep_first / keep_last, the rows to
     drop (every occurrence but the first / last in read order)."""
@@ -146,12 +146,12 @@ def resolve_duplicates(spec: PipelineSpec, ids: UniqueIdChecker, rescan) -> Dupl
     return Duplicates(drop, len(dupes), sum(len(w) - 1 for _, w in dupes), samples)
 
 
-def run_read(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+def run_read(spec: PipelineSections, storage: ArrowStorage, key: str) -> PartitionReport:
     """The read stage for one partition: stream the partition's source rows into its `raw` file."""
     return run_read_shards(spec, storage, [key])[0]
 
 
-def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
+def _duplicate_metadata(spec: PipelineSections, duplicates) -> dict:
     """Under a keep_first / keep_last policy, the read always reports what it dropped (0 too: plottable)."""
     if spec.prepare.duplicate_ids == "fail" or not spec.prepare.id_column:
         return {}
@@ -160,7 +160,7 @@ def _duplicate_metadata(spec: PipelineSpec, duplicates) -> dict:
     return duplicates.metadata()
 
 
-def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
+def run_read_shards(spec: PipelineSections, storage: ArrowStorage, keys: list[str]) -> list[PartitionReport]:
     """The read stage, the one read path: the partitions `keys` of one run, in one pass over their source files.
 
     One key (`run_read`) reads its partition's files through its row filter (a hash shard's, a day's). Several keys
@@ -234,7 +234,7 @@ def run_read_shards(spec: PipelineSpec, storage: ArrowStorage, keys: list[str]) 
             for k in keys]
 
 
-def read_partition(spec: PipelineSpec, part: PartitionSlice, scanned: list[int] | None = None,
+def read_partition(spec: PipelineSections, part: PartitionSlice, scanned: list[int] | None = None,
                    cache_root: str | None = None, ids_only: bool = False) -> Iterator[pa.RecordBatch]:
     """All rows of one partition, batch by batch, after the partition's row filter; `scanned[0]` counts the rows
     read before the filter. `cache_root`: the storage root, where a files source finds the digests of local files
@@ -266,7 +266,7 @@ def _kept(part: PartitionSlice, batches: Iterator[pa.RecordBatch], scanned: list
             yield batch
 
 
-def _file_rows(spec: PipelineSpec, module, urls: list[str], cache_root: str | None, versions: bool = True
+def _file_rows(spec: PipelineSections, module, urls: list[str], cache_root: str | None, versions: bool = True
                ) -> Iterator[pa.RecordBatch]:
     """A files source's rows (stages/sources/files.py) with the lineage columns: the file is `_source_file`, its
     one row `_source_row` 1, and its id its path below source.path's fixed folder unless prepare.id_column says."""
@@ -286,7 +286,7 @@ def _file_rows(spec: PipelineSpec, module, urls: list[str], cache_root: str | No
         )
 
 
-def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
+def partition_schema(spec: PipelineSections, part: PartitionSlice) -> pa.Schema:
     """The schema of the rows a partition's read yields, for a partition that has none: the first batch of its
     files before the row filter (the types the rows would have had), else, for files with a header and no rows,
     the declared columns as the readers type them (csv: text; parquet: the file's own types)."""
@@ -302,14 +302,14 @@ def partition_schema(spec: PipelineSpec, part: PartitionSlice) -> pa.Schema:
     return output_schema(spec, pa.schema([pa.field(c, pa.string()) for c in spec.source.columns]))
 
 
-def output_schema(spec: PipelineSpec, source_schema: pa.Schema) -> pa.Schema:
+def output_schema(spec: PipelineSections, source_schema: pa.Schema) -> pa.Schema:
     fields = list(target_schema(spec, source_schema))
     return pa.schema(fields + [pa.field("row_id", pa.string()), pa.field("_source_file", pa.string()),
                                pa.field("_source_row", pa.int64()), pa.field(ROW_HASH, pa.uint64()),
                                pa.field(READ_ERROR_COLUMN, pa.string())])
 
 
-def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
+def _read_file(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     fs, path = filesystem_for(url)
     try:
         size = fs.size(path)
@@ -340,7 +340,7 @@ def _read_file(spec: PipelineSpec, url: str) -> Iterator[pa.RecordBatch]:
         )
 
 
-def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array) -> pa.Array:
+def _row_ids(spec: PipelineSections, url: str, batch: pa.RecordBatch, rows: pa.Array) -> pa.Array:
     id_column = spec.prepare.id_column
     if id_column is None:
         name = default_id_prefix(spec, url)
@@ -357,7 +357,7 @@ def _row_ids(spec: PipelineSpec, url: str, batch: pa.RecordBatch, rows: pa.Array
     return ids
 
 
-def _text_columns(spec: PipelineSpec) -> list[str]:
+def _text_columns(spec: PipelineSections) -> list[str]:
     """Columns whose values become text: the row id, the text column, the prompt template's fields."""
     prep = spec.prepare
     cols = [prep.id_column, prep.text_column, *prep.template_fields()]
@@ -365,7 +365,7 @@ def _text_columns(spec: PipelineSpec) -> list[str]:
     return [c for c in dict.fromkeys(cols) if c and c not in made]
 
 
-def _check_text_types(spec: PipelineSpec, schema: pa.Schema, batch: pa.RecordBatch, first_row: int) -> None:
+def _check_text_types(spec: PipelineSections, schema: pa.Schema, batch: pa.RecordBatch, first_row: int) -> None:
     """A list, struct, map or binary value would reach the model as its Python repr: refuse it by name instead."""
     for column in _text_columns(spec):
         kind = schema.field(column).type

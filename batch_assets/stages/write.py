@@ -13,7 +13,7 @@ from batch_assets.errors import PipelineError, transient_failure
 from batch_assets.reliability.checkpoint import remove_partition_checkpoints
 from batch_assets.reliability.dead_letters import DeadLetterWriter, dead_letter_url
 from batch_assets.reliability.row_ids import FINGERPRINT_KEY, RowIdFingerprint, name_differences
-from batch_assets.spec_sections import PipelineSections as PipelineSpec  # the sections the stages read: the checks are above
+from batch_assets.spec_sections import PipelineSections
 from batch_assets.stage_names import INFER, READ
 from batch_assets.stages.report import PartitionReport, markdown_preview
 from batch_assets.stages.sinks import sink_for
@@ -29,7 +29,7 @@ from batch_assets.storage import (
 )
 
 
-def run_write(spec: PipelineSpec, storage: ArrowStorage, key: str) -> PartitionReport:
+def run_write(spec: PipelineSections, storage: ArrowStorage, key: str) -> PartitionReport:
     """The write stage for one partition: publish the sink columns of `inferred` and the partition's dead letters
     (rows that failed), each committed atomically, only if every source row id appears exactly once."""
     start = time.perf_counter()
@@ -104,7 +104,7 @@ def source_fingerprint(raw_url: str) -> RowIdFingerprint:
     return fp
 
 
-def verify_exactly_once(spec: PipelineSpec, key: str, expected: RowIdFingerprint, published: RowIdFingerprint,
+def verify_exactly_once(spec: PipelineSections, key: str, expected: RowIdFingerprint, published: RowIdFingerprint,
                         raw_url: str, out_url: str) -> None:
     """Fail unless the published ids are the source ids, each once (prepare proved the source ids unique)."""
     if published == expected:
@@ -120,21 +120,21 @@ def verify_exactly_once(spec: PipelineSpec, key: str, expected: RowIdFingerprint
     )
 
 
-def sink_url(spec: PipelineSpec, storage: ArrowStorage, partition: str) -> str:
+def sink_url(spec: PipelineSections, storage: ArrowStorage, partition: str) -> str:
     base = spec.sink.path or storage.default_sink(spec.name)
     if "://" not in base:
         base = resolve_local(base)
     return sink_for(spec.sink.format).partition_url(base, spec, partition)
 
 
-def sink_columns(spec: PipelineSpec, available: list[str]) -> list[str]:
+def sink_columns(spec: PipelineSections, available: list[str]) -> list[str]:
     """The spec's columns, or every column except internal ones (leading underscore)."""
     if spec.sink.columns:
         return list(spec.sink.columns)
     return [c for c in available if not c.startswith("_")]
 
 
-def write_sink(spec: PipelineSpec, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
+def write_sink(spec: PipelineSections, url: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
     """Stream `batches` into `url` in the sink format (stages/sinks/); returns rows written. Visible only when
     complete.
 

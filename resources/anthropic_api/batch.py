@@ -27,7 +27,7 @@ from typing import Any
 
 from batch_assets.resources.anthropic_api.payloads import MessagesPlan, message_generation, request_body
 from batch_assets.resources.anthropic_api.retry import classify_failure, error_type, failure_for
-from batch_assets.resources.errors import BatchNotIdentified, ProviderSetupError
+from batch_assets.resources.provider_errors import BatchNotIdentified, ProviderSetupError
 from batch_assets.resources.openai_api.limits import estimate_chat_tokens
 from batch_assets.resources.openai_api.retry import MalformedResponse, control_call, redact
 from batch_assets.resources.protocols import BatchOutcome, BatchState

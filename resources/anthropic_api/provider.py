@@ -22,7 +22,7 @@ from batch_assets.resources.anthropic_api.payloads import MessagesPlan, message_
     request_body
 from batch_assets.resources.anthropic_api.retry import classify_failure
 from batch_assets.resources.hosted import HostedApiProvider
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens
 from batch_assets.resources.openai_api.loop import BackgroundLoop, FewerCollections
 from batch_assets.resources.openai_api.provider import CallStats, DurableWaits, OnAnswer, _all_or_first_error, \
@@ -32,7 +32,7 @@ from batch_assets.resources.protocols import Conversation, Generation, Generatio
 from batch_assets.resources.schema_support import ANTHROPIC, warn_unenforced
 from batch_assets.resources.structured import StructuredOutput, validate_output
 
-# Where calls go when base_url is unset (the SDK's default): the endpoint pool's name (batch_assets/orchestration/execution/pools.py).
+# Where calls go when base_url is unset (the SDK's default): the endpoint pool's name (batch_assets/orchestration/execution/pool_slots.py).
 API_HOST = "api.anthropic.com"
 
 

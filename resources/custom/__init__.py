@@ -8,7 +8,7 @@ Heavy libraries (torch, sentence-transformers, transformers) are imported only w
 """
 
 from batch_assets.resources.custom.hf_pipeline import HFPipelineProvider
-from batch_assets.resources.custom.outputs import BatchAlignmentError, BatchOutputTypeError
+from batch_assets.resources.custom.batch_returns import BatchAlignmentError, BatchOutputTypeError
 from batch_assets.resources.custom.provider import BatchPredictionError, CustomModelProvider
 from batch_assets.resources.custom.zero_shot import ZeroShotEmbeddingClassifier
 

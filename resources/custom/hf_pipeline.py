@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.protocols import Classification
 from batch_assets.resources.tokens import encoder_limit
 

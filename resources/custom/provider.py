@@ -14,7 +14,7 @@ from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
 from batch_assets.resources.custom.loading import ImportPathError, accepts_parameter, import_object, \
     source_files
-from batch_assets.resources.custom.outputs import Columns, as_list, concat_outputs, normalize_output
+from batch_assets.resources.custom.batch_returns import Columns, as_list, concat_outputs, normalize_output
 
 
 class BatchPredictionError(RuntimeError):

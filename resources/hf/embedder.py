@@ -19,7 +19,7 @@ from pydantic import PrivateAttr
 
 from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import GPU_STRATEGY_ENV, ModelResource, granted_gpus, resolve_device
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.hf.models import MINILM, minilm_path
 from batch_assets.resources.hf.onnx_encoder import ExportedEncoder
 from batch_assets.resources.hf.onnx_export import choose, surely_cpu

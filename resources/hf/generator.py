@@ -10,7 +10,7 @@ from pydantic import PrivateAttr
 
 from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.hf.constrained import generate_constrained
 from batch_assets.resources.hf.gguf_cache import load_gguf
 from batch_assets.resources.hf.models import SMOLLM2, smollm2_location

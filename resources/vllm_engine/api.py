@@ -20,7 +20,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 
 DEFAULT_API = "batch_assets.resources.vllm_engine.api:import_vllm_api"
 

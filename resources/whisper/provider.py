@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from batch_assets.resources.base import INFER_GPUS_ENV, ModelResource, granted_gpus
-from batch_assets.resources.errors import MissingExtraError, ModelLoadError
+from batch_assets.resources.provider_errors import MissingExtraError, ModelLoadError
 from batch_assets.resources.fields import operational, semantic
 from batch_assets.resources.protocols import AudioFile, Transcription, TranscriptSegment
 from batch_assets.resources.whisper.audio import SAMPLE_RATE, AudioDecodeError, clips, decoded_blocks

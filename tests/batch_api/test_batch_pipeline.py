@@ -209,7 +209,7 @@ def test_a_partition_on_s3_goes_through_batches_and_its_ledger_is_removed(tmp_pa
 
 def test_settings_the_batch_path_cannot_serve_are_refused_before_anything_is_sent(tmp_path: Path,
                                                                                   standin: StandinProcess):
-    from batch_assets.resources.errors import ModelLoadError
+    from batch_assets.resources.provider_errors import ModelLoadError
     from batch_assets.resources.openai_api import OpenAICompatibleProvider
 
     with pytest.raises(ModelLoadError, match="batch_api=true needs api='chat'"):

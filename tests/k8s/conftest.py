@@ -160,7 +160,7 @@ def step_job(deployment: ChartDeployment, spec: Any, stage: str, partition: str)
     from kubernetes.client import ApiClient
 
     from batch_assets.orchestration.execution.k8s_executor import step_container_context, with_gpu_node_pool
-    from batch_assets.orchestration.execution.resource_policy import check_gpu_strategy, resources_for_keys, with_gpu_defaults
+    from batch_assets.orchestration.execution.pod_compute import check_gpu_strategy, resources_for_keys, with_gpu_defaults
 
     origin = JobPythonOrigin(f"{spec.name}_job", RepositoryPythonOrigin(
         executable_path=sys.executable, code_pointer=ModuleCodePointer("batch_assets.definitions", "defs", None),

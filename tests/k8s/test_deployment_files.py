@@ -53,7 +53,7 @@ def test_generated_infer_step_job_validates(tmp_path: Path) -> None:
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
 
-    from batch_assets.orchestration.execution.resource_policy import resources_for_keys
+    from batch_assets.orchestration.execution.pod_compute import resources_for_keys
     from tests.conftest import EMBED_SPEC, make_spec
 
     spec = make_spec(EMBED_SPEC, tmp_path, runtime={"resources": {
@@ -319,7 +319,7 @@ def test_an_infer_step_pod_gets_the_policy_not_the_code_servers_sizing(tmp_path:
     pods = _step_pods(tmp_path, values)
     infer = pods["inferred"]["spec"]["containers"][0]["resources"]
     assert infer == {"requests": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16Gi"},
-                     "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}  # resource_policy's GPU defaults
+                     "limits": {"nvidia.com/gpu": "1", "memory": "16Gi"}}  # pod_compute's GPU defaults
     # the read step does inherit the deployment's sizing: that is what the shipped values must not give a limit
     assert pods["raw"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "2Gi"}
     # a CPU infer step whose policy names only CPU: no inherited memory limit either; the deployment's memory
@@ -338,7 +338,7 @@ def test_infer_resources_merge_by_key_with_what_the_step_was_given() -> None:
     from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
     from batch_assets.orchestration.execution.k8s_executor import step_container_context
-    from batch_assets.orchestration.execution.resource_policy import StepResources
+    from batch_assets.orchestration.execution.pod_compute import StepResources
 
     def merged(inherited: dict, step_limits: dict, policy: StepResources) -> dict:
         context = K8sContainerContext(run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(

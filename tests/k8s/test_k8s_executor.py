@@ -34,7 +34,7 @@ def test_same_run_config_as_k8s_job_executor(tmp_path: Path) -> None:
 
 def test_only_the_infer_step_is_tagged_and_pooled(tmp_path: Path) -> None:
     from batch_assets.orchestration.assets.factory import build_pipeline_assets
-    from batch_assets.orchestration.execution.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+    from batch_assets.orchestration.execution.pod_compute import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 
     assets = {a.key.path[-1]: a for a in build_pipeline_assets(make_spec(EMBED_SPEC, tmp_path, runtime={"gpus": 2}))}
     infer = assets["inferred"]

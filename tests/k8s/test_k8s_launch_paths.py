@@ -195,9 +195,9 @@ def test_gpu_counts_per_partition_on_every_launch_path(tmp_path: Path, k8s_stub:
 
         with DagsterInstance.from_config(str(k8s_dagster_home)) as instance:
             # The work of an infer step runs while it holds the slot: on this SQLite instance the step also takes
-            # a host lock per slot, since SQLite's slot claim is not exclusive (pools.host_pool_slot), and a step
+            # a host lock per slot, since SQLite's slot claim is not exclusive (pool_slots.host_pool_slot), and a step
             # the database let through too early waits there after its STEP_START.
-            from batch_assets.orchestration.execution.pools import HOST_SLOT_MESSAGE, HOST_SLOT_RELEASED
+            from batch_assets.orchestration.execution.pool_slots import HOST_SLOT_MESSAGE, HOST_SLOT_RELEASED
 
             spans = []
             for run_id in [*ui_runs.values(), *[r["runId"] for r in _runs(port, [])]]:

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch_assets.orchestration.execution.pools import infer_pool
-from batch_assets.orchestration.execution.resource_policy import resources_for_key, resources_for_keys
+from batch_assets.orchestration.execution.pool_slots import infer_pool
+from batch_assets.orchestration.execution.pod_compute import resources_for_key, resources_for_keys
 from batch_assets.spec import SpecError
 from batch_assets.resources.base import INFER_GPUS_ENV, resolve_device
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, write_jsonl
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -165,7 +165,7 @@ def test_gpu_steps_default_to_the_deployments_gpu_node_pool(tmp_path: Path, monk
 def test_gpu_steps_get_gpu_defaults_not_nothing(tmp_path: Path) -> None:
     """A `runtime.gpus: 1` step that names no memory gets the documented GPU default, so nothing else (the code
     server's sizing, a namespace default) decides how much host memory vLLM has while loading weights."""
-    from batch_assets.orchestration.execution.resource_policy import with_gpu_defaults
+    from batch_assets.orchestration.execution.pod_compute import with_gpu_defaults
 
     one = with_gpu_defaults(resources_for_keys(policy_spec(tmp_path, gpus=1), ["a"]))
     assert (one.gpus, one.cpu, one.memory) == (1, "4", "16Gi")
@@ -180,7 +180,7 @@ def test_gpu_strategy_is_checked_against_the_provider_and_the_model(tmp_path: Pa
     import json
 
     from batch_assets.errors import PipelineError
-    from batch_assets.orchestration.execution.resource_policy import check_gpu_strategy
+    from batch_assets.orchestration.execution.pod_compute import check_gpu_strategy
 
     # a one-GPU provider on two GPUs: allowed, with a warning that one sits idle (the run log shows it)
     local = policy_spec(tmp_path, gpus=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batch_assets.orchestration.execution.resource_policy import resources_for_keys
+from batch_assets.orchestration.execution.pod_compute import resources_for_keys
 from batch_assets.resources.base import INFER_GPUS_ENV
 from tests.conftest import make_spec
 

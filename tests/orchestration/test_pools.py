@@ -1,5 +1,5 @@
 """Pools: the infer step of every run against one external endpoint takes turns, so runs never add up past the
-endpoint's rate limit; the pool is named once (batch_assets/orchestration/execution/pools.py)."""
+endpoint's rate limit; the pool is named once (batch_assets/orchestration/execution/pool_slots.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from batch_assets.orchestration.execution.pools import endpoint_pool, infer_pool
+from batch_assets.orchestration.execution.pool_slots import endpoint_pool, infer_pool
 from batch_assets.spec import parse_spec
 from tests.conftest import GENERATE_SPEC, make_spec, pipeline_definitions
 from tests.daemon_helpers import daily_spec, write_day
@@ -92,7 +92,7 @@ def test_slots_of_runs_that_are_gone_are_freed_and_a_live_holder_is_named(tmp_pa
 
     from dagster._core.test_utils import create_run_for_test
 
-    from batch_assets.orchestration.execution.pools import PROCESS_TAG, process_identity, release_dead_slots
+    from batch_assets.orchestration.execution.pool_slots import PROCESS_TAG, process_identity, release_dead_slots
 
     pool = "endpoint:test-api"
     doomed = subprocess.Popen(["sleep", "60"])
@@ -171,7 +171,7 @@ def _hold_slot(instance_ref, pool: str, folder: str, name: str) -> None:
     holds it until the test writes `release`."""
     import time
 
-    from batch_assets.orchestration.execution.pools import host_pool_slot
+    from batch_assets.orchestration.execution.pool_slots import host_pool_slot
 
     instance = dg.DagsterInstance.from_ref(instance_ref)
     (Path(folder) / f"trying-{name}").touch()
@@ -186,7 +186,7 @@ def _hold_slot(instance_ref, pool: str, folder: str, name: str) -> None:
 @pytest.mark.parametrize("slots", [1, 2])
 def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp_path: Path, slots: int) -> None:
     """Dagster's slot claim is not exclusive on SQLite (FOR UPDATE is ignored: two claims milliseconds apart can
-    both get the last slot), so on SQLite the infer step also holds a host lock per slot (pools.host_pool_slot).
+    both get the last slot), so on SQLite the infer step also holds a host lock per slot (pool_slots.host_pool_slot).
     Three processes ask at once: `slots` of them get in, the rest wait until one lets go, and all finish."""
     import multiprocessing
     import time
@@ -223,7 +223,7 @@ def test_sqlite_instance_never_runs_more_infer_steps_than_the_pool_has_slots(tmp
 
 def test_every_sqlite_event_log_gets_the_host_slots(tmp_path: Path) -> None:
     """The consolidated SQLite event log (a dagster.yaml choice) claims pool slots the same way as the default."""
-    from batch_assets.orchestration.execution.pools import _sqlite_lock_dir
+    from batch_assets.orchestration.execution.pool_slots import _sqlite_lock_dir
 
     home = tmp_path / "home"
     home.mkdir()

@@ -15,7 +15,7 @@ import pytest
 from batch_assets.resources.base import LOAD_COUNTS
 from batch_assets.resources.custom import BatchAlignmentError, BatchOutputTypeError, BatchPredictionError, CustomModelProvider
 from batch_assets.resources.custom.loading import ImportPathError
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 
 USER_MODULE = textwrap.dedent(
     '''

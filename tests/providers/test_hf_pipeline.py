@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from batch_assets.resources.custom import HFPipelineProvider
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.protocols import BatchPredictor, TextClassifier
 
 

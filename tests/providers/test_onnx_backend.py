@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.hf.embedder import SentenceTransformerEmbedder, model_folder
 from batch_assets.resources.hf.models import MINILM
 from batch_assets.resources.hf.onnx_encoder import min_cosine

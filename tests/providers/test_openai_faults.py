@@ -14,7 +14,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.provider_errors import ProviderSetupError
 from batch_assets.resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
 from batch_assets.resources.protocols import GenerationParams
 from tests.providers.fault_proxy import Echo, FaultProxy, Forward, Malformed, Reply, Respond, Stall

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.openai_api import OpenAICompatibleProvider, UnsupportedConstraintError
 from batch_assets.resources.openai_api.payloads import choices_schema, plan_request
 from batch_assets.resources.openai_api.retry import backoff_delay, redact, retry_after_seconds

@@ -12,7 +12,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from batch_assets.resources.errors import MissingExtraError
+from batch_assets.resources.provider_errors import MissingExtraError
 from batch_assets.resources.protocols import GenerationParams, TextEmbedder, TextGenerator, supports
 from batch_assets.resources.registry import provider_class
 from batch_assets.resources.vllm_engine import VLLMEngineProvider

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.protocols import AudioFile, Transcriber
 from batch_assets.resources.whisper import FasterWhisperTranscriber
 from batch_assets.resources.whisper.audio import SAMPLE_RATE, WINDOW_S, clips, decoded_blocks

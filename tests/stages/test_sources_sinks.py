@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from batch_assets.orchestration.execution.pools import infer_pool
+from batch_assets.orchestration.execution.pool_slots import infer_pool
 from batch_assets.spec import SpecError
 from batch_assets.stages.sinks import SINKS, sink_for
 from batch_assets.stages.sources import SOURCES, source_module

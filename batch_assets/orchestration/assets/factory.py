@@ -25,8 +25,8 @@ from batch_assets.orchestration.assets.infer_asset import InferredAsset, id_colu
 from batch_assets.orchestration.assets.lineage import stage_code_version
 from batch_assets.orchestration.assets.partition_loop import run_partitions
 from batch_assets.orchestration.assets.upstream import upstream_dep
-from batch_assets.orchestration.execution.pools import infer_pool, release_dead_slots
-from batch_assets.orchestration.execution.resource_policy import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
+from batch_assets.orchestration.execution.pool_slots import infer_pool, release_dead_slots
+from batch_assets.orchestration.execution.pod_compute import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.execution.stopping import stoppable
 from batch_assets.partitions import partition_kind, partitions_def_for
 from batch_assets.sample_data import ensure_sample
@@ -82,7 +82,7 @@ def _storage(context: dg.AssetExecutionContext) -> ArrowStorage:
 
 def _free_dead_pool_slots(context: dg.AssetExecutionContext, spec: PipelineSpec) -> None:
     """Before the infer step asks for its pool slot: free slots held by runs that are gone (a killed CLI run's
-    slot is never freed otherwise) and say who holds a slot this run will wait for (execution/pools.py)."""
+    slot is never freed otherwise) and say who holds a slot this run will wait for (execution/pool_slots.py)."""
     pool = infer_pool(spec)
     if pool:
         release_dead_slots(context.instance, pool, own_run_id=context.run_id, log=context.log)

@@ -21,7 +21,7 @@ from batch_assets.orchestration.assets.checks import blocking_check_results
 from batch_assets.orchestration.assets.partition_loop import run_partitions
 from batch_assets.orchestration.assets.progress import PartitionProgress
 from batch_assets.orchestration.execution.overlap import partition_window_rows
-from batch_assets.orchestration.execution.pools import host_pool_slot, infer_pool, record_infer_process
+from batch_assets.orchestration.execution.pool_slots import host_pool_slot, infer_pool, record_infer_process
 from batch_assets.reliability.cache import CachedProvider, ResponseCache, cached
 from batch_assets.spec import PipelineSpec
 from batch_assets.stage_names import INFER, PREPARE
@@ -30,7 +30,7 @@ from batch_assets.stages.report import PartitionReport, counter_delta, preview_o
 from batch_assets.storage import ArrowStorage, parquet_rows, parquet_schema, upstream_url
 from batch_assets.tasks import task_type
 from batch_assets.resources.base import resolve_device
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.resources.registry import provider_class
 
 

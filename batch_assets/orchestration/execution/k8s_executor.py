@@ -2,10 +2,10 @@
 
 Built on dagster-k8s's own `k8s_job_executor` machinery: the same config schema, the same `K8sStepHandler` building
 and watching one Kubernetes Job per step. The only difference is `_get_container_context`: for an infer step it
-merges the pipeline's resource policy (batch_assets/orchestration/execution/resource_policy.py), resolved for the run's partition keys,
-into the step's container config (GPU / CPU / memory, the BATCH_INFER_GPUS env var) and pod spec (node selector,
-tolerations). It runs inside the run worker, so it sees every launch path's partitions the same way: the
-`dagster/partition` tag (UI, CLI, multi-run backfill, schedule, sensor) or the
+merges the pipeline's compute policy (`runtime.resources`, batch_assets/orchestration/execution/pod_compute.py),
+resolved for the run's partition keys, into the step's container config (GPU / CPU / memory, the BATCH_INFER_GPUS
+env var) and pod spec (node selector, tolerations). It runs inside the run worker, so it sees every launch path's
+partitions the same way: the `dagster/partition` tag (UI, CLI, multi-run backfill, schedule, sensor) or the
 `dagster/asset_partition_range_start/end` tags (single-run backfill, `--partition-range`). Run-level
 `dagster-k8s/config` tags do not reach step pods and backfills skip a job's PartitionedConfig, which is why the
 policy is applied here.
@@ -20,7 +20,7 @@ What upstream leaves to chance, and this executor does not:
 - **Resources are the policy's, not inherited.** dagster-k8s deep-merges the code location's container context
   (with the Helm chart: the user deployment's `resources`) into every step pod; merged under the policy, a
   deployment's `limits.memory: 2Gi` would stay on a GPU step that names no memory and vLLM would be OOM-killed. An
-  infer step's `resources` are replaced by the policy's (with GPU defaults, resource_policy.with_gpu_defaults).
+  infer step's `resources` are replaced by the policy's (with GPU defaults, pod_compute.with_gpu_defaults).
 - **A pod that cannot start fails its step.** Upstream's health check only sees a failed Job; a pod Pending forever
   (no node with that many GPUs, a wrong node selector, a missing toleration) would hang the run and hold its pool
   slot. A step pod unschedulable for BATCH_STEP_PENDING_TIMEOUT_SECONDS (default 900: a GPU node scaling up from
@@ -66,7 +66,7 @@ from dagster_k8s.executor import _K8S_EXECUTOR_CONFIG_SCHEMA, K8sStepHandler
 from dagster_k8s.job import UserDefinedDagsterK8sConfig, get_user_defined_k8s_config
 from dagster_k8s.launcher import K8sRunLauncher
 
-from batch_assets.orchestration.execution.resource_policy import (
+from batch_assets.orchestration.execution.pod_compute import (
     GPU_RESOURCE,
     INFER_STAGE,
     PIPELINE_TAG,

@@ -1,4 +1,5 @@
-"""The Dagster pool each pipeline's infer step runs in: one place names it, so caps stay consistent.
+"""The Dagster pool each pipeline's infer step runs in and the slots it holds there: one place names the pool, so caps
+stay consistent, and frees the slots of a run that is gone (the command over them: batch_assets/commands/pools.py).
 
 A pool caps how many steps holding it run at once across all runs of the deployment (`concurrency.pools` in
 dagster.yaml sets the default limit; `dagster instance concurrency set <pool> <n>` sets one pool's). A step holds
@@ -211,6 +212,6 @@ def host_pool_slot(instance, pool: str, log=None):
         if not said and log is not None:
             log.warning(f"Pool {pool!r}: the SQLite instance granted this step a slot that another infer step on "
                         f"this host still holds (Dagster's slot claim is not exclusive on SQLite); waiting for it "
-                        f"to finish (batch_assets/orchestration/execution/pools.py)")
+                        f"to finish (batch_assets/orchestration/execution/pool_slots.py)")
             said = True
         time.sleep(_LOCK_POLL_S)

@@ -1,4 +1,6 @@
-"""Per-partition resources of the infer step: spec policy + partition keys -> what the step's pod asks for.
+"""Kubernetes compute for the infer step: the spec's `runtime.resources` policy + a run's partition keys -> what the
+step's pod asks for (GPUs, CPU, memory, node selector, tolerations). Named for the pod, not "resources": that word
+already means model providers (resources/) and Dagster resources.
 
 Dagster cannot vary a step's resources by partition (dagster issue #20816): `batch_assets/orchestration/execution/k8s_executor.py` calls
 `resources_for_keys` for each infer step it launches and merges the result into that step's Kubernetes Job.
