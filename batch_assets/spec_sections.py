@@ -331,7 +331,8 @@ class SinkSpec(_Strict):
         "tagged with its partition_key; a re-materialized partition replaces its rows in one commit.",
     )
     columns: list[str] | None = Field(default=None, description="Columns to keep, in order (default: all).")
-    table: str | None = Field(default=None, description="lancedb: the table name (default: the pipeline name).")
+    table: str | None = Field(default=None, description="lancedb only (another format refuses it): the table name "
+                               "(default: the pipeline name).")
 
 
 class Toleration(_Strict):

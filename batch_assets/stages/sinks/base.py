@@ -10,11 +10,27 @@ import pyarrow as pa
 from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import atomic_output, filesystem_for, join, partition_file_name
 
+Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
+# The `sink` fields only some formats read; each sink lists those it reads in its `options`. A sink that sets one its
+# format does not read is refused at load: ignored, `table: docs` on a parquet sink would change nothing, unsaid.
+SINK_OPTIONS = ("table",)
+
+
+def option_problems(spec: PipelineSections, options: frozenset[str], why: str | None = None) -> Problems:
+    """A sink field of SINK_OPTIONS that this format does not read, set to anything but its default, as a problem
+    naming the field and the format. `why`: what the format does instead."""
+    sink, fields = spec.sink, type(spec.sink).model_fields
+    because = f" ({why})" if why else ""
+    return [(f"sink.{name}", f"does not apply to a {sink.format} sink{because}: remove it")
+            for name in SINK_OPTIONS
+            if name not in options and getattr(sink, name) != fields[name].get_default(call_default_factory=True)]
+
 
 class Sink(Protocol):
     # False: the write stage hands the sink only the rows that succeeded (the failed ones are in the dead letters);
     # for a store that cannot hold a failed row's empty output (a vector store and its null vector).
     keeps_failed_rows: bool
+    options: frozenset[str]  # the fields of SINK_OPTIONS this format reads (a spec setting another is refused)
 
     def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         """Where `partition` is published, under the sink's base folder or database (`sink.path` or the default)."""
@@ -25,8 +41,9 @@ class Sink(Protocol):
     def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
         """The schema as published (a table may add its own columns)."""
 
-    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
-        """(field, problem) for what the spec asks that this sink cannot do; checked at load."""
+    def spec_problems(self, spec: PipelineSections) -> Problems:
+        """(field, problem) for what the spec asks that this sink cannot do, its unread options included; checked
+        at load."""
 
 
 class FileSink:
@@ -34,6 +51,7 @@ class FileSink:
 
     extension = ""
     keeps_failed_rows = True  # a file keeps every row, failed ones with their `error`
+    options: frozenset[str] = frozenset()
 
     def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         return join(base, partition_file_name(partition, self.extension))
@@ -49,5 +67,6 @@ class FileSink:
     def written_schema(self, url: str, schema: pa.Schema) -> pa.Schema:
         return schema
 
-    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
-        return [("sink.table", "table applies to the lancedb sink only")] if spec.sink.table else []
+    def spec_problems(self, spec: PipelineSections) -> Problems:
+        return option_problems(spec, self.options, f"one {self.extension} file per partition under sink.path; "
+                                                   "a table is named by a lancedb sink")

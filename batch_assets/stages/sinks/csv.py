@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from batch_assets.spec_sections import PipelineSections
-from batch_assets.stages.sinks.base import FileSink
+from batch_assets.stages.sinks.base import FileSink, Problems
 from batch_assets.tasks import task_type
 
 
@@ -24,7 +24,7 @@ class CsvSink(FileSink):
                 rows += batch.num_rows
         return rows
 
-    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
+    def spec_problems(self, spec: PipelineSections) -> Problems:
         vectors = [("sink.format", "csv cannot hold embedding vectors: use parquet or jsonl")] \
             if task_type(spec).vectors else []
         return vectors + super().spec_problems(spec)

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from batch_assets.errors import PipelineError
 from batch_assets.spec_sections import NAME_RE, PipelineSections
+from batch_assets.stages.sinks.base import Problems, option_problems
 from batch_assets.storage import join, resolve_local
 
 PARTITION_COLUMN = "partition_key"
@@ -150,6 +151,7 @@ class LanceSink:
     vector ("variable length vectors ... on_bad_vectors"); they are in the partition's dead letters."""
 
     keeps_failed_rows = False
+    options = frozenset({"table"})
 
     def partition_url(self, base: str, spec: PipelineSections, partition: str) -> str:
         return partition_url(base, spec.sink.table or spec.name, partition)
@@ -162,8 +164,8 @@ class LanceSink:
         database, table, _ = parse_partition_url(url)
         return connect(database).open_table(table).schema
 
-    def spec_problems(self, spec: PipelineSections) -> list[tuple[str, str]]:
-        sink, problems = spec.sink, []
+    def spec_problems(self, spec: PipelineSections) -> Problems:
+        sink, problems = spec.sink, option_problems(spec, self.options)
         if PARTITION_COLUMN in spec.source.columns or PARTITION_COLUMN in (sink.columns or []):
             problems.append(("sink.columns", "the lancedb sink adds column 'partition_key' itself: rename yours"))
         if sink.columns is not None and not {"row_id", spec.prepare.id_column} & set(sink.columns):
