@@ -40,7 +40,7 @@ COVERED: list[tuple[str, str]] = [
     (r'CMAKE_ARGS="-DGGML_NATIVE=OFF" \.venv/bin/pip install "llama-cpp-python\[server\]==0\.3\.36"',
      "make test (the Makefile's llama-cpp-python step runs this install)"),
     (r"\.venv/bin/python -m llama_cpp\.server --model .* --host 127\.0\.0\.1 --port 8080",
-     "tests/providers/llama_server.py::start_llama_server"),
+     "tests/resources/openai_api/llama_server.py::start_llama_server"),
     (r"AWS_ALLOW_HTTP=true AWS_ENDPOINT_URL=\S+ \.venv/bin/python query_s3\.py",
      "tests/stages/test_lancedb.py::test_docs_s3_query_example_runs_with_allow_http"),
     # docs/launch-paths.md: every command of the page, read from it and run as written
