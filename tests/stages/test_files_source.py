@@ -24,7 +24,7 @@ from batch_assets.stages.sources.files import FILE_COLUMNS, open_input
 from batch_assets.stages.sources.versions import content_version
 from batch_assets.storage import ArrowStorage
 from tests.conftest import run_pipeline
-from tests.orchestration.test_sensors import Ticker
+from tests.orchestration.launch.test_sensors import Ticker
 
 
 class FirstLines:

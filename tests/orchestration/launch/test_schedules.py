@@ -80,7 +80,7 @@ def test_nothing_before_the_first_day_ends_and_nothing_before_the_file_lands(tmp
 
 
 def test_shipped_daily_pipeline_has_a_running_schedule_for_yesterday() -> None:
-    spec = load_spec(Path(__file__).resolve().parents[2] / "batch_assets/pipelines/daily_review_sentiment.yaml")
+    spec = load_spec(Path(__file__).resolve().parents[3] / "batch_assets/pipelines/daily_review_sentiment.yaml")
     with dg.instance_for_test() as instance:
         schedule, repo = _schedule(spec)
         assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING

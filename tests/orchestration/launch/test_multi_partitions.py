@@ -29,10 +29,10 @@ from tests.conftest import user_env
 from tests.daemon_helpers import (
     SYNC_LAUNCHER, daemon_workspace, daily_spec, dagster_home, model_trace, run_backfill_daemon, write_code_location,
 )
-from tests.orchestration.test_sensors import Ticker
+from tests.orchestration.launch.test_sensors import Ticker
 from tests.test_docs_commands import documented_commands
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DG = str(Path(sys.executable).with_name("dg"))
 UTC = dt.timezone.utc
 STAGES = ("raw", "prepared", "inferred", "output")

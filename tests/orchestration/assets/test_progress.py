@@ -81,7 +81,7 @@ def test_progress_lines_in_the_run_log(tmp_path: Path) -> None:
         "partitioning": {"kind": "static", "keys": ["big"]},
         "prepare": {"id_column": "id", "input_columns": ["text"]},
         "task": {"kind": "predict"},
-        "model": {"provider": "custom", "config": {"class_path": "tests.orchestration.test_progress:Echo"}},
+        "model": {"provider": "custom", "config": {"class_path": "tests.orchestration.assets.test_progress:Echo"}},
         "runtime": {"chunk_rows": 4, "progress_every_s": 0},
     }, data)
     instance = dg.DagsterInstance.ephemeral()

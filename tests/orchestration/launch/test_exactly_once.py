@@ -22,7 +22,7 @@ from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import pipeline_definitions, run_pipeline
 from tests.daemon_helpers import daily_spec, model_trace, write_day
-from tests.orchestration.test_sensors import Ticker
+from tests.orchestration.launch.test_sensors import Ticker
 
 DAYS = ["2026-11-01", "2026-11-02"]
 STAGES = ("raw", "prepared", "inferred", "output")

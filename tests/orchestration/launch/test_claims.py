@@ -4,7 +4,7 @@ CLAIM_TTL_S; after that the partition is launched by whoever comes next, instead
 finished frees the partition at once.
 
 Shown red once: with `_consumed` returning False when no run is found (claims that never expire), the expiry test
-failed (the schedule was still refused by a sensor claim 121 s old) while tests/orchestration/test_exactly_once.py
+failed (the schedule was still refused by a sensor claim 121 s old) while tests/orchestration/launch/test_exactly_once.py
 stayed green.
 """
 

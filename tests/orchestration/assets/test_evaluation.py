@@ -30,7 +30,7 @@ SPEC: dict[str, Any] = {
     "partitioning": {"kind": "static", "keys": ["p0", "p1"]},
     "prepare": {"id_column": "mail_id"},  # no input_columns: every source column but the label goes to the model
     "task": {"kind": "predict"},
-    "model": {"provider": "custom", "config": {"class_path": "tests.orchestration.test_evaluation:KeywordSpam"}},
+    "model": {"provider": "custom", "config": {"class_path": "tests.orchestration.assets.test_evaluation:KeywordSpam"}},
     "runtime": {"chunk_rows": 2},
     "evaluation": {"label_column": "truth", "prediction_column": "verdict", "min_accuracy": 0.8},
 }

@@ -1,6 +1,6 @@
 """docs/launch-paths.md's commands, run as written (read from the page) against a throwaway instance that uses the
 project's dagster.yaml: the terminal runs (`dg launch`) publish their partitions without a BetaWarning, and the pool
-commands set and show a limit. The page's backfill commands need the daemon: tests/orchestration/test_daemon_launches.py runs
+commands set and show a limit. The page's backfill commands need the daemon: tests/orchestration/launch/test_daemon_launches.py runs
 them under the real `make ui`."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 from batch_assets.orchestration.assets.lineage import stage_code_version
 from batch_assets.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STAGES = ("raw", "prepared", "inferred", "output")
 # python -c "...stage_code_version(load_spec(p), s)..." at b25b11d, for each batch_assets/pipelines/*.yaml
 VERSIONS_BEFORE_ISSUE_24 = {

@@ -17,7 +17,7 @@ from tests.conftest import DAEMON_GROUP, free_port
 from tests.daemon_helpers import (
     DAGSTER, ROOT, daily_spec, dagster_dev_command, dagster_home, dev_server, log_tail, wait_for, write_day,
 )
-from tests.orchestration.test_sensors import drop, inbox_spec
+from tests.orchestration.launch.test_sensors import drop, inbox_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(DAEMON_GROUP)]  # starts dagster dev
 
