@@ -42,7 +42,7 @@ COVERED: list[tuple[str, str]] = [
     (r"\.venv/bin/python -m llama_cpp\.server --model .* --host 127\.0\.0\.1 --port 8080",
      "tests/resources/openai_api/llama_server.py::start_llama_server"),
     (r"AWS_ALLOW_HTTP=true AWS_ENDPOINT_URL=\S+ \.venv/bin/python query_s3\.py",
-     "tests/stages/test_lancedb.py::test_docs_s3_query_example_runs_with_allow_http"),
+     "tests/stages/sinks/test_lancedb.py::test_docs_s3_query_example_runs_with_allow_http"),
     # docs/launch-paths.md: every command of the page, read from it and run as written
     (r"dagster asset materialize -m batch_assets\.definitions --select 'group:daily_review_sentiment' "
      r"--partition(-range)? \S+", "tests/orchestration/launch/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),

@@ -14,7 +14,7 @@ from batch_assets.spec import SpecError
 from batch_assets.stages.sinks import lancedb as lance_sink
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, run_pipeline, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LANCE_SINK = {"format": "lancedb", "table": "docs_vectors", "columns": ["doc_id", "text", "embedding", "error"]}
 
 
