@@ -187,11 +187,11 @@ def log(msg: str) -> None:
 @contextmanager
 def llama_base_url(url: str | None) -> Iterator[str]:
     """The /v1 URL of a llama.cpp server: `url` when given (a server you run), else one started on loopback for the
-    duration of the block (tests/providers/llama_server.py) and stopped after it."""
+    duration of the block (tests/resources/openai_api/llama_server.py) and stopped after it."""
     if url is not None:
         yield url
         return
-    from tests.providers.llama_server import start_llama_server  # the test fixture's launcher: only when needed
+    from tests.resources.openai_api.llama_server import start_llama_server  # the test fixture's launcher: only when needed
 
     server = start_llama_server(embedding=False)
     try:

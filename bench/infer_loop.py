@@ -9,7 +9,7 @@ stage functions `run_read` / `run_prepare` / `run_infer` have the same signature
 - embed: all-MiniLM-L6-v2 on CPU over N short documents. `raw` is one `encode` call over every text (what a hand
   script does; sentence-transformers sorts the call by length), `infer` is `run_infer` on the prepared partition
   with the same loaded model. Interleaved, median of --repeat.
-- api: a loopback OpenAI-compatible server (tests/providers/fault_proxy.py answering by itself after --latency s, or
+- api: a loopback OpenAI-compatible server (tests/resources/openai_api/fault_proxy.py answering by itself after --latency s, or
   with --base-url a running bench/api_server.py, whose CPU is then not this process's); requests/s of `run_infer`
   over a generate partition against the ideal in-flight / latency, and the process's CPU per request (the client's
   cost, with --base-url). `make bench`'s api section runs it with --base-url.
@@ -112,7 +112,7 @@ def bench_api(args) -> dict:
     if args.base_url:  # an external server (bench/api_server.py): this process's CPU is then the client's alone
         return _api_runs(args, args.base_url.rstrip("/") + "/v1", None)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the proxy from this checkout's tests
-    from tests.providers.fault_proxy import Echo, FaultProxy
+    from tests.resources.openai_api.fault_proxy import Echo, FaultProxy
 
     with FaultProxy(lambda key, n: Echo(delay_s=args.latency)) as proxy:
         proxy._server.request_queue_size = 1024

@@ -1,5 +1,5 @@
 """What a stop and a crash cost, from the real CLI (issue 23): one 2,000-row partition of an OpenAI-compatible
-pipeline against a loopback endpoint answering after 0.1 s (tests/providers/fault_proxy.py), max_concurrency 16,
+pipeline against a loopback endpoint answering after 0.1 s (tests/resources/openai_api/fault_proxy.py), max_concurrency 16,
 launched with `dg launch` in a user's environment (no CI). Ctrl-C and SIGTERM at 40%, SIGKILL at 50%; for each:
 requests that reached the server after the stop (watched for 15 s), the process's exit time, the run's status, and
 the requests of the first run plus a rerun. One JSON line per case.
@@ -18,7 +18,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.providers.fault_proxy import Echo, FaultProxy  # noqa: E402  (the checkout on the path first)
+from tests.resources.openai_api.fault_proxy import Echo, FaultProxy  # noqa: E402  (the checkout on the path first)
 from tests.daemon_helpers import dagster_home
 from tests.conftest import write_jsonl
 import dagster as dg

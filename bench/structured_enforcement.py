@@ -17,7 +17,7 @@ One probe per keyword: a small schema using it, an answer that breaks it and one
 
     .venv/bin/python bench/structured_enforcement.py [--llama-url http://127.0.0.1:PORT/v1] [--json out.json]
 
-Without --llama-url it starts the server itself (tests/providers/llama_server.py) and stops it at the end.
+Without --llama-url it starts the server itself (tests/resources/openai_api/llama_server.py) and stops it at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.providers.llama_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.resources.openai_api.llama_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, script_io (also when imported by a test)
 from common import llama_base_url  # noqa: E402
 

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.providers.llama_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.resources.openai_api.llama_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: common, script_io (also when imported by a test)
 from common import llama_base_url  # noqa: E402
 

@@ -5,7 +5,7 @@ arguments). Everything that must tell the kinds apart reads that one declaration
 
 - `secret`: a credential. Left out of the checkpoint fingerprint, the response cache key, `describe()` and the
   infer asset's metadata; its value is scrubbed from load errors (`ModelResource.secret_values`). A spec may only
-  give it as `{env: NAME}` (resources/secrets.py refuses a literal by its name: tests/providers/test_field_roles.py
+  give it as `{env: NAME}` (resources/secrets.py refuses a literal by its name: tests/resources/test_fields.py
   holds the two in agreement).
 - `semantic`: can change an answer (the model, its weights and runtime, decoding, what is sent on the wire, the
   tokenizer that truncates inputs). Part of the checkpoint fingerprint (a change recomputes committed chunks instead

@@ -6,7 +6,7 @@ What the backend leaves to that check is said once per process and schema, at th
 any request is sent: a warning naming the keyword, where it is in the schema, and the backend.
 
 `ENFORCEMENT` is the table docs/structured-outputs.md shows. The xgrammar and llama.cpp columns were measured here
-(bench/structured_enforcement.py; tests/providers/test_structured_enforcement.py keeps them true); the OpenAI and
+(bench/structured_enforcement.py; tests/resources/test_structured_backends.py keeps them true); the OpenAI and
 vLLM columns are taken from their documentation and source (links in the docs), since neither runs here.
 """
 

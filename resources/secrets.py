@@ -7,7 +7,7 @@ in it as a reference to an environment variable:
   Dagster stores, and the provider resolves it when it loads the model (`resolve_env_refs`), inside the run's process.
 - a literal value in a field whose name says it is a secret is refused at spec load (`literal_secrets`). Nested keys
   have only their name to go by; a provider's own fields declare `secret()` (resources/fields.py), and
-  tests/providers/test_fields.py holds the declaration and these names in agreement.
+  tests/resources/test_fields.py holds the declaration and these names in agreement.
 """
 
 from __future__ import annotations

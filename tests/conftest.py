@@ -41,7 +41,7 @@ _ENVIRON_AT_START = dict(os.environ)  # before the product is imported (it sets 
 # Each xdist worker, and every process it starts (dagster CLI runs, servers), gets an equal share of the cores for
 # its OpenMP / MKL pools (torch, onnxruntime, tokenizers). Left alone, every process sizes its pool to all the cores:
 # three workers on two cores run six busy threads, and OpenMP's waiting threads spin. Measured on the loaded 2-core
-# machine, tests/providers/test_transformers_constrained.py: 79.5 s of CPU with two threads, 25.4 s with one. Set
+# machine, tests/resources/hf/test_transformers_constrained.py: 79.5 s of CPU with two threads, 25.4 s with one. Set
 # before any test module imports torch; a variable the caller set wins.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 SET_FOR_SPEED: set[str] = set()  # the thread variables set here, not by the caller: user_env() takes them out
@@ -267,7 +267,7 @@ def llama_server():
     that asks for it (provider tests, the example pipelines' metadata test, ...).
 
     Missing llama-cpp-python skips the tests on a workstation but fails them under CI, where it must be installed."""
-    from tests.providers.llama_server import LlamaServerUnavailable, check_available, start_llama_server
+    from tests.resources.openai_api.llama_server import LlamaServerUnavailable, check_available, start_llama_server
 
     try:
         check_available()

@@ -34,26 +34,26 @@ COVERED: list[tuple[str, str]] = [
      "tests/test_dg.py::test_scaffolded_component_pipeline_materializes"),
     # docs/concepts.md, two-dimensional partitions: the page's two commands, read from it and run as written
     (r'\.venv/bin/dg launch --assets "group:app_reviews" --partition(-range)? "[\w|.-]+"',
-     "tests/orchestration/test_multi_partitions.py::test_day_by_app_partition_then_a_range_through_dg_launch"),
+     "tests/orchestration/launch/test_multi_partitions.py::test_day_by_app_partition_then_a_range_through_dg_launch"),
     (r'BATCH_STORAGE_ROOT=s3://\S+ AWS_REGION=\S+ \.venv/bin/dg launch --assets "group:document_embeddings" '
      r"--partition shard-00-of-04", "tests/test_docs_commands.py::test_the_s3_command_runs_as_written"),
     (r'CMAKE_ARGS="-DGGML_NATIVE=OFF" \.venv/bin/pip install "llama-cpp-python\[server\]==0\.3\.36"',
      "make test (the Makefile's llama-cpp-python step runs this install)"),
     (r"\.venv/bin/python -m llama_cpp\.server --model .* --host 127\.0\.0\.1 --port 8080",
-     "tests/providers/llama_server.py::start_llama_server"),
+     "tests/resources/openai_api/llama_server.py::start_llama_server"),
     (r"AWS_ALLOW_HTTP=true AWS_ENDPOINT_URL=\S+ \.venv/bin/python query_s3\.py",
-     "tests/stages/test_lancedb.py::test_docs_s3_query_example_runs_with_allow_http"),
+     "tests/stages/sinks/test_lancedb.py::test_docs_s3_query_example_runs_with_allow_http"),
     # docs/launch-paths.md: every command of the page, read from it and run as written
     (r"dagster asset materialize -m batch_assets\.definitions --select 'group:daily_review_sentiment' "
-     r"--partition(-range)? \S+", "tests/orchestration/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
+     r"--partition(-range)? \S+", "tests/orchestration/launch/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
     (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/python -m batch_assets\.commands\.backfill daily_review_sentiment "
-     r"--from \S+ --to \S+", "tests/orchestration/test_daemon_launches.py::"
+     r"--from \S+ --to \S+", "tests/orchestration/launch/test_daemon_launches.py::"
      "test_documented_backfills_under_make_ui_follow_the_spec_policy_and_never_infer_twice"),
     (r"DAGSTER_HOME=\$PWD/\.dagster_home \.venv/bin/dagster job backfill -w workspace\.yaml -j "
-     r"daily_review_sentiment_job --partitions \S+ --noprompt", "tests/orchestration/test_daemon_launches.py::"
+     r"daily_review_sentiment_job --partitions \S+ --noprompt", "tests/orchestration/launch/test_daemon_launches.py::"
      "test_documented_backfills_under_make_ui_follow_the_spec_policy_and_never_infer_twice"),
     (r"dagster instance concurrency (set 'endpoint:api\.openai\.com' 2|get --all)",
-     "tests/orchestration/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
+     "tests/orchestration/launch/test_launch_path_commands.py::test_launch_path_commands_run_as_written"),
     # docs/BENCHMARKS.md: `make bench` runs bench/run.py, which the smoke test runs at tiny sizes with the same knobs
     (r"((BENCH_PROFILE|BENCH_PEERS|BENCH_SECTIONS|BENCH_BEFORE_TREE)=\S+ )?make bench",
      "tests/test_bench_smoke.py::test_bench_harness_at_tiny_sizes"),

@@ -179,3 +179,71 @@ def test_project_modules_are_imported_at_the_top() -> None:
     found = sorted(late_project_imports(ROOT))
     assert not found, ("function-local imports of project modules (import them at the top, or say on the line why "
                        "they wait):\n" + "\n".join(f"{f}: {m}" for f, m in found))
+
+
+# Tests mirror the package: a test of batch_assets/<a>/<b>/<m>.py lives in tests/<a>/<b>/, of resources/<sub>/<m>.py in
+# tests/resources/<sub>/; top-level modules and whole-product scenarios at tests/ itself. A reader finds a module's
+# tests by its path, and a new test has one obvious home. These folders test what lives outside both packages:
+OUTSIDE_PACKAGES = {
+    "k8s": "the top-level k8s/ folder: deployment files, the Dagster chart, the cluster stand-in",
+    "gpu": "device-only tests, run on a CUDA node (tests/gpu/README.md)",
+    "daemon_site": "sitecustomize.py for the processes a test starts, not tests",
+}
+
+
+def package_folders(root: Path, packages: tuple[str, ...] = PACKAGES) -> set[str]:
+    """Each folder of the packages that holds a module, as the tests/ folder that mirrors it ('.': tests/ itself,
+    for batch_assets/'s top level)."""
+    mirrors = set()
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            inner = path.parent.relative_to(root / package)
+            mirrors.add((Path(package) / inner if package != "batch_assets" else inner).as_posix())
+    return mirrors
+
+
+def misplaced_test_folders(root: Path, packages: tuple[str, ...] = PACKAGES,
+                           outside: dict[str, str] = OUTSIDE_PACKAGES) -> list[str]:
+    """Folders under tests/ holding Python modules that mirror no package folder and are not listed in `outside`,
+    and folders of test modules that are not packages all the way up to tests/ (without `__init__.py` pytest
+    imports a test module by its bare name, so two folders' test_x.py collide)."""
+    tests, mirrors = root / "tests", package_folders(root, packages)
+    found = []
+    for folder in sorted({p.parent for p in tests.rglob("*.py") if "__pycache__" not in p.parts
+                          and p.name != "__init__.py"}):
+        inner = folder.relative_to(tests).as_posix()
+        if inner not in mirrors and inner.split("/")[0] not in outside:
+            found.append(f"tests/{inner}/ mirrors no folder of {' or '.join(f'{p}/' for p in packages)}: move its "
+                         "modules to the folder that mirrors the module they test (tests/README.md)")
+        if any(p.name.startswith("test_") for p in folder.glob("*.py")):
+            missing = [f for f in [folder, *folder.parents] if f.is_relative_to(tests) and
+                       not (f / "__init__.py").exists()]
+            found += [f"tests/{f.relative_to(tests).as_posix()}/ has test modules below it but no __init__.py"
+                      for f in missing]
+    return found
+
+
+def test_test_folders_mirror_the_package() -> None:
+    found = misplaced_test_folders(ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_finds_a_flat_folder_and_a_folder_that_is_not_a_package(tmp_path: Path) -> None:
+    for name in ("batch_assets/stages/sinks/csv.py", "batch_assets/spec.py", "resources/hf/embedder.py",
+                 "tests/__init__.py", "tests/test_spec.py", "tests/stages/__init__.py",
+                 "tests/stages/sinks/__init__.py", "tests/stages/sinks/test_csv.py",
+                 "tests/resources/__init__.py", "tests/resources/hf/__init__.py", "tests/resources/hf/test_embedder.py",
+                 "tests/k8s/__init__.py", "tests/k8s/test_chart.py", "tests/daemon_site/sitecustomize.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert misplaced_test_folders(tmp_path) == []
+    (tmp_path / "tests/providers").mkdir()
+    (tmp_path / "tests/providers/__init__.py").write_text("")
+    (tmp_path / "tests/providers/test_embedder.py").write_text("")  # the old flat folder
+    (tmp_path / "tests/providers/fault_proxy.py").write_text("")
+    (tmp_path / "tests/stages/sinks/__init__.py").unlink()
+    (tmp_path / "tests/resources/hf/helper.py").write_text("")  # a helper beside its users: fine
+    found = misplaced_test_folders(tmp_path)
+    assert len(found) == 2, found
+    assert found[0].startswith("tests/providers/ mirrors no folder of batch_assets/ or resources/"), found
+    assert found[1] == "tests/stages/sinks/ has test modules below it but no __init__.py", found

@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 
 from tests.conftest import EMBED_SPEC, docs_rows, make_spec, pipeline_definitions, run_pipeline, write_jsonl
-from tests.stages.test_lancedb import LANCE_SINK
+from tests.stages.sinks.test_lancedb import LANCE_SINK
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -89,7 +89,7 @@ async def detect_json_schema_mode(client: Any, timeout_s: float) -> JsonSchemaMo
     """'json_object_schema' when the endpoint is a llama.cpp server, else 'json_schema' (OpenAI's form, which OpenAI,
     vLLM and most gateways enforce). llama-cpp-python's server refuses the json_schema form with HTTP 500 and
     ignores a top-level `json_schema` field; `{"type": "json_object", "schema": ...}` is enforced by both llama.cpp
-    servers (tests/providers/test_openai_llama.py). An endpoint that does not answer /models gets 'json_schema'."""
+    servers (tests/resources/openai_api/test_openai_llama.py). An endpoint that does not answer /models gets 'json_schema'."""
     try:
         async with asyncio.timeout(timeout_s):
             raw = await client.get("/models", cast_to=bytes)

@@ -2,7 +2,7 @@
 
 `VLLMEngineProvider.vllm_api` is the import path ("module:function") of a function returning a `VLLMApi`. The
 default, `import_vllm_api`, imports the real vLLM. Tests on machines without CUDA point it at
-`tests.providers.vllm_standin:standin_vllm_api`, which swaps in a recording stand-in for `LLM` but keeps vLLM's
+`tests.resources.vllm_engine.vllm_standin:standin_vllm_api`, which swaps in a recording stand-in for `LLM` but keeps vLLM's
 own `SamplingParams` / `StructuredOutputsParams` / `LoRARequest` whenever vLLM is importable (look-alike
 dataclasses with the same field names otherwise). Because the seam is a config string, it survives Dagster
 copying the resource and reaches step subprocesses and pods unchanged.

@@ -123,7 +123,7 @@ class VLLMEngineProvider(ModelResource):
     vllm_api: str = semantic(
         default=DEFAULT_API,
         description="Import path of the function returning the vLLM classes to use. Leave the default; tests set "
-        "'tests.providers.vllm_standin:standin_vllm_api'.",
+        "'tests.resources.vllm_engine.vllm_standin:standin_vllm_api'.",
     )
 
     _api: VLLMApi | None = PrivateAttr(default=None)

@@ -15,7 +15,7 @@ import pytest
 from batch_assets.storage import partition_file_name
 from tests.k8s.stub import KubernetesJobsStub, invalid_names
 from tests.k8s.test_k8s_schedule_sensor import _gpu, _wait_finished, k8s_code_location
-from tests.orchestration.test_multi_partitions import APPS, key, multi_spec, write_reviews
+from tests.orchestration.launch.test_multi_partitions import APPS, key, multi_spec, write_reviews
 
 UTC = dt.timezone.utc
 DAY = "2026-11-04"

@@ -21,7 +21,7 @@ import yaml
 from tests.daemon_helpers import daily_spec, write_day
 from tests.k8s.conftest import CONFIG_MAP
 from tests.k8s.stub import KubernetesJobsStub, Node, instance_yaml
-from tests.orchestration.test_sensors import drop, inbox_spec
+from tests.orchestration.launch.test_sensors import drop, inbox_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

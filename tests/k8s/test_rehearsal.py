@@ -36,7 +36,7 @@ from tests.conftest import K8S_GROUP, free_port, write_jsonl
 from tests.daemon_helpers import dev_server, graphql, wait_for, wait_ready
 from tests.k8s import chart
 from tests.k8s.stub import CPU_NODE, KubernetesJobsStub, Node, RecordedJob
-from tests.orchestration.test_sensors import drop, inbox_spec
+from tests.orchestration.launch.test_sensors import drop, inbox_spec
 from tests.test_postgres import _pg_bin, postgres_port  # noqa: F401 - the module-scoped PostgreSQL fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(K8S_GROUP)]

@@ -2,7 +2,7 @@
 
 The endpoint is the fault proxy on loopback answering by itself (`Echo`: the completion is `echo:<prompt>`), so every
 model call is counted per row. Two rows are refused (a 400: a row error, not retried; a 5xx that runs out of attempts
-is owed an answer instead, never a dead letter: tests/providers/test_infer_faults.py) until the endpoint's policy
+is owed an answer instead, never a dead letter: tests/resources/openai_api/test_infer_faults.py) until the endpoint's policy
 changes; then the retry command re-runs only those two, merges them in and leaves the good rows untouched; a rerun with the cache on costs no model call at all,
 in this pipeline or another one asking the same model the same prompts.
 """
@@ -28,7 +28,7 @@ from batch_assets.commands.retry_dead_letters import retry_partition
 from batch_assets.spec import parse_spec
 from batch_assets.storage import ArrowStorage
 from tests.conftest import read_output, run_pipeline, write_jsonl
-from tests.providers.fault_proxy import Echo, FaultProxy, Respond
+from tests.resources.openai_api.fault_proxy import Echo, FaultProxy, Respond
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAKY = {"Say row 3", "Say row 7"}

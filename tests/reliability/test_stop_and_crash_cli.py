@@ -29,7 +29,7 @@ from tests.conftest import DAEMON_GROUP, free_port, read_output, write_jsonl
 from tests.daemon_helpers import (
     ROOT, TERMINAL_RUN_STATUSES, dagster_dev_command, dagster_home, dev_server, graphql, log_tail, wait_for, wait_ready,
 )
-from tests.providers.fault_proxy import Echo, FaultProxy
+from tests.resources.openai_api.fault_proxy import Echo, FaultProxy
 
 DG = str(Path(sys.executable).with_name("dg"))
 ROWS, CONCURRENCY, CHUNK, LATENCY_S = 400, 8, 64, 0.1

@@ -20,7 +20,7 @@ from pypdf import PdfReader, PdfWriter
 from batch_assets.spec import SpecError, parse_spec
 from batch_assets.stages.documents import to_text
 from tests.conftest import run_pipeline, write_jsonl
-from tests.providers.fault_proxy import FaultProxy, Reply
+from tests.resources.openai_api.fault_proxy import FaultProxy, Reply
 
 CONTRACT = ["Master services agreement between Acme Corp and Globex.", "Payment is due within 45 days of invoice."]
 HTML = ("<html><head><title>Policy</title><style>p {color: red}</style><script>var tracking = 1;</script></head>"

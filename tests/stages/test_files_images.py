@@ -18,7 +18,7 @@ from PIL import Image
 
 from batch_assets.spec import parse_spec
 from tests.conftest import run_pipeline
-from tests.providers.fault_proxy import FaultProxy, Reply
+from tests.resources.openai_api.fault_proxy import FaultProxy, Reply
 from tests.stages.test_files_documents import completion
 from tests.stages.test_image_pipelines import BLUE, RED, net, picture  # noqa: F401 (net: the fixture)
 

@@ -1,5 +1,5 @@
 """Answers that do not parse as the structured output (issue 14, finding 6), through the real pipeline and the real
-OpenAI-compatible provider, against a scripted endpoint on loopback (tests/providers/fault_proxy.py) that answers
+OpenAI-compatible provider, against a scripted endpoint on loopback (tests/resources/openai_api/fault_proxy.py) that answers
 like the user's LLM did: the plain word "Technology" where a JSON object was asked for.
 
 - by default the first 5 answers of a partition that all fail the same way stop the step before the rest is sent,
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import make_spec, read_output, run_pipeline, write_csv
-from tests.providers.fault_proxy import FaultProxy, Reply
+from tests.resources.openai_api.fault_proxy import FaultProxy, Reply
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def test_real_llama_server_ignoring_the_constraint_is_stopped_and_enforcing_it_p
     """SmolLM2 on llama.cpp's real server. With `constraint_backend: vllm` the constraint travels in a field
     llama.cpp ignores, so the model answers prose: the step stops after 5 requests and says how to send the format
     llama.cpp enforces. With that fix (`response_format` + `json_object_schema`) the same rows all parse."""
-    from tests.providers.fault_proxy import Forward
+    from tests.resources.openai_api.fault_proxy import Forward
 
     server = request.getfixturevalue("llama_server")
     write_csv(tmp_path / "data" / "day1.csv", ["ticket_id", "company"],

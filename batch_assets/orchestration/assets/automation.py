@@ -59,7 +59,7 @@ def on_upstream_update(stage: str) -> dg.AutomationCondition:
     the reset fired by their timestamps only for conditions that carry them (newly_updated, newly_requested), not
     through and/or; with since_last_handled an upstream re-materialization between the pipeline's request and its
     next evaluation, or while its run was still going, was dropped, and so were the later stages of the run that
-    followed (tests/orchestration/test_upstream_asset.py)."""
+    followed (tests/orchestration/assets/test_upstream_asset.py)."""
     if stage == READ.asset:
         trigger = dg.AutomationCondition.any_deps_match(dg.AutomationCondition.newly_updated()).since(
             dg.AutomationCondition.newly_requested())

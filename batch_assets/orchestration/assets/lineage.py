@@ -68,7 +68,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 SPEED_ONLY_FIELDS = {"source": {"batch_rows", "asset", "partition_mapping"}}
 # Fields a section gained after pipelines were first published: left out of the digest while they hold their
 # default, so a new field never makes every published partition stale and paid for again on upgrade; a spec that
-# sets one gets a new version, as any edit does. tests/orchestration/test_code_versions.py keeps the shipped
+# sets one gets a new version, as any edit does. tests/orchestration/assets/test_code_versions.py keeps the shipped
 # pipelines' versions from before these fields existed.
 # A dotted name reaches into a subsection (task.structured).
 ADDED_FIELDS: dict[str, dict[str, Any]] = {"partitioning": {"dimensions": None},
