@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import csv
 import re
 from collections.abc import Iterator
 
@@ -29,7 +31,8 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     while True:  # the first block must hold the header and the first row
         with fs.open(path, "rb") as f:
             try:
-                header = pacsv.open_csv(f, read_options=_read_options(spec, block)).schema.names
+                header = pacsv.open_csv(f, read_options=_read_options(spec, block),
+                                         parse_options=PARSE_OPTIONS).schema.names
                 break
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
                 if _grow(exc, fs.size(path), block):
@@ -47,7 +50,8 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
         with fs.open(path, "rb") as f:
             try:
                 skip = done
-                for batch in pacsv.open_csv(f, read_options=_read_options(spec, block), convert_options=convert):
+                for batch in pacsv.open_csv(f, read_options=_read_options(spec, block), parse_options=PARSE_OPTIONS,
+                                             convert_options=convert):
                     if skip >= batch.num_rows:
                         skip -= batch.num_rows
                         continue
@@ -74,6 +78,12 @@ def _read_options(spec: PipelineSections, block: int) -> pacsv.ReadOptions:
     return pacsv.ReadOptions(encoding=spec.source.encoding, block_size=block)
 
 
+# Line breaks inside quoted values are CSV as Python, Excel and most exporters write it. Without this pyarrow cuts
+# blocks at line ends, and a value whose break fell on a block boundary failed the read ("CSV parser got out of
+# sync with chunker"): only files over one block, so small test files never showed it.
+PARSE_OPTIONS = pacsv.ParseOptions(newlines_in_values=True)
+
+
 def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:
     """A CSV file stores no types: the declared columns are read as text."""
     return None
@@ -93,4 +103,26 @@ def csv_error(spec: PipelineSections, url: str, exc: Exception, header: list[str
         )
     if "Empty CSV file" in message:
         return PipelineError("the CSV file is empty", fix="remove it or add its header and rows")
-    return PipelineError(f"the CSV file could not be parsed: {message}", fix="check quoting and the column count")
+    return PipelineError(f"the CSV file could not be parsed: {message}", row=first_ragged_row(spec, url),
+                         fix="check quoting and the column count")
+
+
+def first_ragged_row(spec: PipelineSections, url: str) -> int | None:
+    """Error path only: the data row (1-based, after the header) whose field count differs from the header's, which
+    pyarrow's streaming reader does not number (a file cut off mid-row, a stray delimiter). Python's csv module
+    reads quoted line breaks as pyarrow does, so the count is in records, not lines."""
+    fs, path = filesystem_for(url)
+    with fs.open(path, "rb") as raw:
+        text = codecs.getreader(spec.source.encoding)(raw, errors="replace")
+        reader = csv.reader((line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(text)))
+        try:
+            width, row = len(next(reader)), 0
+            for fields in reader:
+                if not fields:  # a blank line is no row, to pyarrow either
+                    continue
+                row += 1
+                if len(fields) != width:
+                    return row
+        except (StopIteration, csv.Error):
+            return None
+    return None
