@@ -40,17 +40,19 @@ def test_each_row_gets_its_images_in_column_order_resized_and_a_bad_one_is_its_r
         {"id": "2", "front": str(tmp_path / "missing.png"), "back": blue},
         {"id": "3", "front": blue, "back": None},
         {"id": "4", "front": str(tmp_path / "broken.png"), "back": red},
+        {"id": "5", "front": None, "back": str(tmp_path / "missing.png")},
     ])
     images, problems = prepare_images(_spec(tmp_path, ["front", "back"]), batch)
-    assert images.type == pa.list_(pa.binary()) and len(images) == 4
+    assert images.type == pa.list_(pa.binary()) and len(images) == 5
     decoded = [[Image.open(io.BytesIO(data)) for data in row] for row in images.to_pylist()]
-    assert [[im.size for im in row] for row in decoded] == [[(64, 32), (20, 40)], [(20, 40)], [(20, 40)], [(64, 32)]]
+    assert [[im.size for im in row] for row in decoded] == [[(64, 32), (20, 40)], [(20, 40)], [(20, 40)], [(64, 32)], []]
     assert decoded[0][0].convert("RGB").getpixel((10, 10))[0] > 200  # the red one first, as the columns are listed
     assert decoded[0][1].convert("RGB").getpixel((5, 5))[2] > 200
     assert problems[0] is None
     assert problems[1].startswith("image in column 'front' could not be used") and "missing.png" in problems[1]
     assert problems[2] == "image in column 'back' could not be used: no image (null)"
     assert problems[3].startswith("image in column 'front' could not be used")
+    assert problems[4] == "image in column 'front' could not be used: no image (null)"  # the first one named
 
 
 def test_an_empty_batch_has_no_images(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ def test_blank_lines_a_byte_order_mark_crlf_and_no_final_newline(tmp_path: Path)
     assert _rows(_spec(tmp_path), path) == [{"doc_id": "d1", "text": "café"}, {"doc_id": "d2", "text": None},
                                             {"doc_id": "d3", "text": None},
                                             {"doc_id": "d4", "text": "no newline at the end"}]
+    # the same after a byte-order mark when the first block goes through the line-by-line parser (a kind change)
+    path.write_bytes(b'\xef\xbb\xbf{"doc_id": "d1", "text": "caf\xc3\xa9"}\r\n{"doc_id": "d2", "text": 5}\n')
+    assert _rows(_spec(tmp_path), path) == [{"doc_id": "d1", "text": "café"}, {"doc_id": "d2", "text": "5"}]
 
 
 def test_a_text_column_whose_kind_changes_between_blocks_is_text(tmp_path: Path) -> None:
