@@ -105,3 +105,22 @@ def test_an_empty_file_is_named_as_such(tmp_path: Path) -> None:
     url = _put("local", tmp_path, b"", None)
     with pytest.raises(PipelineError, match="the CSV file is empty"):
         _rows(_spec(tmp_path), url)
+
+
+@pytest.mark.parametrize("tail", [b'd2,b,"never closed\nd3,c,x\nd4,d,x\n', b'd2,b,"cut off in the middle of a quo'])
+def test_a_quote_never_closed_fails_naming_its_row_instead_of_swallowing_the_rows_after_it(tmp_path: Path,
+                                                                                            tail: bytes) -> None:
+    """A file cut off inside a quoted value of the last column, or a quote left open there: pyarrow reads the rest of
+    the file as that one value (d3 and d4 silently became text of d2's `other`: 2 rows read of 4, no error). The
+    read fails, naming the row where the quote opened."""
+    url = _put("local", tmp_path, _csv([["d1", "a", "x"]]) + tail, None)
+    with pytest.raises(PipelineError) as info:
+        _rows(_spec(tmp_path), url)
+    assert info.value.row == 2 and "ends inside a quoted value" in str(info.value)
+
+
+def test_a_stray_quote_inside_an_unquoted_value_is_read_as_it_is(tmp_path: Path) -> None:
+    """An odd number of quotes is not always an open quote: 27" is an inch mark, read as text."""
+    url = _put("local", tmp_path, b'doc_id,text\nd1,27" monitor\nd2,"quoted, ""twice"""\n', None)
+    assert _rows(_spec(tmp_path), url) == [{"doc_id": "d1", "text": '27" monitor'},
+                                           {"doc_id": "d2", "text": 'quoted, "twice"'}]
