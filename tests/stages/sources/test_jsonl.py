@@ -106,3 +106,20 @@ def test_line_blocks_end_at_line_ends_and_hold_every_byte(tmp_path: Path) -> Non
         blocks = list(line_blocks(f, 1024))
     assert b"".join(blocks) == data
     assert all(block.endswith(b"\n") for block in blocks[:-1])
+
+
+def test_a_column_that_first_appears_after_the_first_block_is_read(tmp_path: Path) -> None:
+    """Writers leave a null field out, and an export sorted by date has no `title` until the records that got one:
+    the read once failed with "input column 'title' not found" when the first block (1 MiB by default) had none."""
+    rows = [{"doc_id": f"d{i}", "text": f"text {i}"} for i in range(100)]
+    rows += [{"doc_id": f"d{i}", "text": f"text {i}", "title": f"title {i}"} for i in range(100, 120)]
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(_lines(rows))
+    got = _rows(_spec(tmp_path, columns=("doc_id", "text", "title"), block_size=1024), path)
+    assert [r["doc_id"] for r in got] == [r["doc_id"] for r in rows]
+    assert [r["title"] for r in got] == [None] * 100 + [f"title {i}" for i in range(100, 120)]
+    # a column no line names still fails the read, naming it
+    path.write_bytes(_lines(rows[:100]))
+    with pytest.raises(PipelineError) as info:
+        _rows(_spec(tmp_path, columns=("doc_id", "text", "title"), block_size=1024), path)
+    assert info.value.column == "title" and "the file has columns: doc_id, text" in str(info.value)
