@@ -178,3 +178,19 @@ def test_a_rerun_re_attaches_to_a_submission_whose_batch_id_was_never_written(tm
 def test_custom_ids_differ_by_row_and_by_request() -> None:
     ids = {custom_id(key, digest) for key in ("a", "b") for digest in ("model=m", "model=n")}
     assert len(ids) == 4 and custom_id("a", "model=m") == custom_id("a", "model=m")
+
+
+def test_rows_over_the_queue_of_enqueued_tokens_wait_for_a_batch_to_end_and_none_is_lost(tmp_path: Path) -> None:
+    """batch_max_enqueued_tokens: unended batches stay under the provider's per-model queue (estimated tokens: here
+    the conversation's length, 5 or 6 per row); the rest go once a batch has ended, each exactly once."""
+    session = BatchesStandIn()
+    session.max_enqueued_tokens = 21
+    run, rows = _run(tmp_path, session, 10)
+    assert [len(lines) for _, lines in session.batches.values()] == [4, 4, 2]  # 4 x 5 tokens, then 4 x 5, then 2
+    assert session.sent == Counter({f"row {i}": 1 for i in range(10)})
+    assert _answers(run, rows) == [f"answer to row {i}" for i in range(10)]
+    session = BatchesStandIn()
+    session.max_enqueued_tokens = 4
+    with pytest.raises(PipelineError) as info:  # a row that can never fit is named, not left waiting forever
+        _run(tmp_path / "alone", session, 1)
+    assert info.value.row == "id-0" and "more than batch_max_enqueued_tokens=4" in str(info.value)
