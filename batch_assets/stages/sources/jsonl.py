@@ -88,7 +88,8 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
 
 
 def _not_utf8(spec: PipelineSections, url: str) -> PipelineError:
-    return PipelineError(f"the file is not valid {spec.source.encoding}", row=first_bad_utf8_row(url),
+    index = first_bad_utf8_row(url, spec.source.encoding)  # 0-based here: no header line in JSON lines
+    return PipelineError(f"the file is not valid {spec.source.encoding}", row=None if index is None else index + 1,
                          fix="re-encode the file as UTF-8, or set source.encoding in the spec")
 
 

@@ -123,3 +123,12 @@ def test_a_column_that_first_appears_after_the_first_block_is_read(tmp_path: Pat
     with pytest.raises(PipelineError) as info:
         _rows(_spec(tmp_path, columns=("doc_id", "text", "title"), block_size=1024), path)
     assert info.value.column == "title" and "the file has columns: doc_id, text" in str(info.value)
+
+
+def test_a_line_the_declared_encoding_cannot_decode_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(_lines([{"doc_id": "d1", "text": "plain"}, {"doc_id": "d2", "text": "also plain"},
+                             {"doc_id": "d3", "text": "café"}]))
+    with pytest.raises(PipelineError) as info:
+        _rows(_spec(tmp_path, encoding="ascii"), path)
+    assert "not valid ascii" in str(info.value) and info.value.row == 3
