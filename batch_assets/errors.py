@@ -57,9 +57,10 @@ class PipelineError(Exception):
 # What waiting may fix: an S3 or endpoint 5xx, a timeout, a dropped connection, throttling.
 _TRANSIENT = re.compile(r"(status|http|code)\D{0,12}5\d\d\b|\b50[0234]\b|\b(timed? ?out|timeout|throttl\w*|slow ?down|connection|connect|temporar\w*|"
                         r"unavailable|internal ?error|broken pipe|reset by peer)\b", re.I)
-# What never changes on a retry: the data or the schema is wrong, or access is refused.
+# What never changes on a retry: the data or the schema is wrong, or access is refused, or the bucket is not there
+# (s3fs words S3's NoSuchBucket as "The specified bucket does not exist").
 _DETERMINISTIC = re.compile(r"invalid|schema|vector|does not match|not compatible|cannot cast|type mismatch|"
-                            r"access ?denied|forbidden|\b40[03]\b|no such bucket|nosuchbucket", re.I)
+                            r"access ?denied|forbidden|\b40[03]\b|no such bucket|nosuchbucket|bucket does not exist", re.I)
 
 
 def transient_failure(exc: BaseException) -> bool | None:

@@ -72,6 +72,10 @@ def normalize_text(array: pa.Array) -> pa.Array:
 def _cast(name: str, array: pa.Array, alias: str, problems: pa.Array) -> tuple[pa.Array, pa.Array]:
     target = pa.type_for_alias(alias)
     source = pc.utf8_trim_whitespace(array) if array.type in _STRINGS else array
+    if array.type in _STRINGS and target not in _STRINGS:
+        # "" (an empty CSV cell) is no value, as the read stage has it (sources/types.py): null, not a row error;
+        # `required` is what makes a missing value a row error
+        source = pc.if_else(pc.equal(source, ""), pa.scalar(None, source.type), source)
     try:
         return pc.cast(source, target), problems
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -191,6 +195,38 @@ class UserFunction:
         return out, problems
 
 
+class _MissingAsEmpty(string.Formatter):
+    """str.format, with a missing value rendered as empty text whatever its field's format spec ('{price:.2f}' on a
+    null would otherwise raise)."""
+
+    def convert_field(self, value: Any, conversion: str | None) -> Any:
+        return None if value is None else super().convert_field(value, conversion)
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return "" if value is None else super().format_field(value, format_spec)
+
+
+_MISSING_AS_EMPTY = _MissingAsEmpty()
+
+
+def _format_error(template: str, batch: pa.RecordBatch, i: int, values: dict[str, Any], exc: Exception
+                  ) -> PipelineError:
+    """The field whose value its format spec cannot take (a text '3.5' under '{price:.2f}'), by trying each alone."""
+    column, shown = None, ""
+    for _, field, spec, conv in string.Formatter().parse(template):
+        if field and values.get(field) is not None:
+            try:
+                _MISSING_AS_EMPTY.vformat("{0" + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}",
+                                          (values[field],), {})
+            except (ValueError, TypeError):
+                column, shown = field, f" value {values[field]!r} ({type(values[field]).__name__})"
+                break
+    row = batch.column("row_id")[i].as_py() if "row_id" in batch.schema.names else None
+    return PipelineError(f"prepare.template {template!r} cannot format{shown}: {exc}", column=column, row=row,
+                         fix="declare the column's type in source.types (a CSV column is text unless declared), or "
+                         "cast it with prepare.transforms.<column>.cast, or drop the format spec from the template")
+
+
 def render_template(template: str, batch: pa.RecordBatch) -> pa.Array:
     """The template filled in for every row, missing fields as empty text: one vectorised join of the template's
     literal parts and its fields' text. A field with a format spec or conversion ('{price:.2f}', '{x!r}') is
@@ -198,8 +234,13 @@ def render_template(template: str, batch: pa.RecordBatch) -> pa.Array:
     parsed = list(string.Formatter().parse(template))
     if any(spec or conv for _, field, spec, conv in parsed if field):
         cols = {f: batch.column(f).to_pylist() for _, f, _, _ in parsed if f}
-        rows = [template.format_map({f: ("" if v[i] is None else v[i]) for f, v in cols.items()})
-                for i in range(batch.num_rows)]
+        rows = []
+        for i in range(batch.num_rows):
+            values = {f: v[i] for f, v in cols.items()}
+            try:
+                rows.append(_MISSING_AS_EMPTY.vformat(template, (), values))
+            except (ValueError, TypeError) as exc:
+                raise _format_error(template, batch, i, values, exc) from None
         return pa.array(rows, pa.string())
     n = batch.num_rows
     parts: list[Any] = []

@@ -43,13 +43,14 @@ def missing_columns(spec: PipelineSections, found: list[str]) -> None:
         )
 
 
-def first_bad_utf8_row(url: str) -> int | None:
-    """Error path only: find the data row (1-based, after the header) holding the first invalid UTF-8 byte."""
+def first_bad_utf8_row(url: str, encoding: str = "utf-8") -> int | None:
+    """Error path only: find the data row (1-based, after the header) holding the first byte that is not valid
+    `encoding` (UTF-8 unless the spec declares another)."""
     fs, path = filesystem_for(url)
     with fs.open(path, "rb") as f:
         for line_no, line in enumerate(f):
             try:
-                line.decode("utf-8")
+                line.decode(encoding)
             except UnicodeDecodeError:
                 return line_no  # line 0 is the header, so line N is data row N
     return None

@@ -40,6 +40,13 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
     declared = declared_types(spec)
     parse_schema: pa.Schema | None = None  # the wanted columns' types, fixed by the first block
     line = 1  # the first line of the block, for messages
+    # Declared columns no line of the first block has: a field many writers leave out when it is null (and an export
+    # sorted by date has no `title` until the records that got one) may first appear after a block or many; such a
+    # column is null until it does, and only a column that no line of the file names fails the read, at its end
+    # (the read stage commits nothing then). "Names" is the key's JSON text in the block: cheap, and a value that
+    # happens to equal the key's text only means the file is not refused for it.
+    unseen: list[str] = []
+    first_names: list[str] = []
     with fs.open(path, "rb") as raw:
         try:
             for block in line_blocks(raw, spec.source.block_size):
@@ -49,10 +56,16 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
                 if table is None:
                     table = _parse_lines(spec, block, parse_schema, declared, line)
                 if parse_schema is None:
-                    missing_columns(spec, table.schema.names)
+                    first_names = table.schema.names
+                    unseen = [c for c in spec.source.columns if c not in first_names]
+                    for c in unseen:
+                        kind = declared.get(c) or pa.string()
+                        table = table.append_column(pa.field(c, kind), pa.nulls(table.num_rows, kind))
                     text = set(spec.prepare.template_fields()) | {spec.prepare.text_column}
                     parse_schema = pa.schema([_parse_field(table.schema.field(c), declared.get(c), c in text)
                                               for c in spec.source.columns])
+                elif unseen:
+                    unseen = [c for c in unseen if json.dumps(c).encode() not in block]
                 line += block.count(b"\n")
                 table = table.select(spec.source.columns)
                 for i, field in enumerate(parse_schema):  # text columns of the first block as text, as later blocks
@@ -63,6 +76,8 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
                 for batch in table.to_batches(max_chunksize=spec.source.batch_rows):
                     check_utf8(spec, url, batch)
                     yield batch
+            if unseen:
+                missing_columns(spec, first_names)
         except UnicodeDecodeError:
             raise _not_utf8(spec, url) from None
         except pa.ArrowInvalid as exc:
@@ -73,7 +88,8 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
 
 
 def _not_utf8(spec: PipelineSections, url: str) -> PipelineError:
-    return PipelineError(f"the file is not valid {spec.source.encoding}", row=first_bad_utf8_row(url),
+    index = first_bad_utf8_row(url, spec.source.encoding)  # 0-based here: no header line in JSON lines
+    return PipelineError(f"the file is not valid {spec.source.encoding}", row=None if index is None else index + 1,
                          fix="re-encode the file as UTF-8, or set source.encoding in the spec")
 
 

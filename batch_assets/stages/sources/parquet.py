@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batch_assets.errors import PipelineError
+from batch_assets.errors import PipelineError, transient_failure
 from batch_assets.spec_sections import PipelineSections
 from batch_assets.stages.sources.common import Problems, option_problems, missing_columns
 from batch_assets.storage import filesystem_for
@@ -31,7 +31,15 @@ def batches(spec: PipelineSections, url: str) -> Iterator[pa.RecordBatch]:
             raise PipelineError(f"the file is not a readable Parquet file: {exc}",
                                 fix="check source.format") from None
         missing_columns(spec, pf.schema_arrow.names)
-        yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)
+        try:
+            yield from pf.iter_batches(batch_size=spec.source.batch_rows, columns=spec.source.columns)
+        except (pa.ArrowInvalid, OSError) as exc:
+            # Arrow reports damaged pages as a plain OSError ("Couldn't deserialize thrift"); an outage of the store
+            # (a dropped connection, a timeout) is raised as it is, for the step's retry policy.
+            if type(exc) not in (OSError, pa.ArrowInvalid) or transient_failure(exc):
+                raise
+            raise PipelineError(f"the Parquet file is damaged: {str(exc).strip().splitlines()[0]}",
+                                fix="re-export or copy the file again (its footer reads, a row group does not)") from None
 
 
 def empty_schema(spec: PipelineSections, url: str) -> pa.Schema | None:

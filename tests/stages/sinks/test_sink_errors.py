@@ -82,9 +82,10 @@ def test_sink_errors_are_classified(tmp_path: Path) -> None:
     assert transient_failure(outage.value) is True, str(outage.value)
 
 
-def test_a_sink_error_a_retry_would_repeat_fails_at_once(tmp_path: Path) -> None:
-    """A list column cannot be written to CSV: the write step fails with the sink and the cause named, and the
-    step's RetryPolicy (two retries here) does not run it again."""
+def test_a_sink_error_a_retry_would_repeat_fails_at_once(tmp_path: Path, s3_bucket: str) -> None:
+    """A sink path in a bucket that does not exist (a typo in sink.path): the write step fails with the sink and the
+    cause named, and the step's RetryPolicy (two retries here) does not run it again. (This test once wrote a list
+    column to CSV, which the CSV sink now writes as JSON text: tests/stages/sinks/test_csv.py.)"""
     data = tmp_path / "data"
     data.mkdir()
     pq.write_table(pa.table({"doc_id": ["1", "2"], "text": ["ab", "abc"], "tags": [["x"], ["y", "z"]]}),
@@ -96,7 +97,7 @@ def test_a_sink_error_a_retry_would_repeat_fails_at_once(tmp_path: Path) -> None
         "prepare": {"id_column": "doc_id", "input_columns": ["text"]},
         "task": {"kind": "predict", "output_column": "length"},
         "model": {"provider": "custom", "config": {"class_path": "tests.reliability_models:TextLength"}},
-        "sink": {"format": "csv"},
+        "sink": {"format": "csv", "path": f"{s3_bucket}-no-such-bucket/out"},
         "retries": {"max_retries": 2, "delay_seconds": 0},
     })
     result = run_pipeline(spec, tmp_path / "store", ["a"], raise_on_error=False)
@@ -106,5 +107,5 @@ def test_a_sink_error_a_retry_would_repeat_fails_at_once(tmp_path: Path) -> None
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     error = failure.event_specific_data.error
     message = error.cause.message if error.cause else error.message
-    assert "the csv sink refused the partition's rows: Unsupported Type:list" in message, message
+    assert "the csv sink refused the partition's rows: The specified bucket does not exist" in message, message
     assert "partition 'a'" in message and "was not retried" in message
