@@ -2,7 +2,7 @@
 $BATCH_EXECUTOR: in-process by default (the steps of a run share one process, so the model loads once); the
 multiprocess executor starts steps from a forkserver that has the code location (and torch) imported already, and
 every module it preloads exists (a forkserver that cannot import one fails every step); a misspelt choice is
-refused with the choices. A real run with BATCH_EXECUTOR=multiprocess is tests/reliability/test_stop_and_crash_cli.py's."""
+refused with the choices. A real run with BATCH_EXECUTOR=multiprocess: tests/reliability/test_stop_and_crash_cli.py."""
 
 from __future__ import annotations
 
