@@ -143,12 +143,21 @@ def _midnight(day: datetime, timezone: str) -> Any:
     return pd.Timestamp(day).tz_localize(timezone, ambiguous=True, nonexistent="shift_forward")
 
 
+# A year (2026, 20261101) or a day/month/short year (01/11/26): what every written date has and "12:00" lacks
+DATE_IN_TEXT = r"\d{4}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2}"
+
+
 def _instants(raw: Any, timezone: str) -> Any:
     """Each value as a moment in `timezone`; NaT where it is no timestamp. A value without an offset is wall time
     in `timezone`; one with an offset is that moment, so one column may mix both, and offsets (a day's data across a
     clock change is +02:00 then +01:00)."""
     import pandas as pd
 
+    if raw.dtype == object or isinstance(raw.dtype, pd.StringDtype):
+        # pandas reads "now", "today" and a bare time ("12:00") as moments of the day the run happens: such a row
+        # would silently land in today's partition and be missing from its own. Text without a date is no timestamp.
+        dated = raw.astype("string").str.contains(DATE_IN_TEXT, regex=True).fillna(False).to_numpy(dtype=bool)
+        raw = raw.where(dated, None)
     try:
         values = pd.to_datetime(raw, errors="coerce", format="mixed", utc=False)
     except ValueError:  # offsets that differ, or some values with an offset and some without: one at a time

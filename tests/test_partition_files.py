@@ -192,7 +192,7 @@ def test_one_column_may_mix_offsets_and_times_without_one() -> None:
                       "2026-10-25T12:00:00", "2026-10-24T22:30:00+00:00", "2026-10-25T02:30:00"])
     assert day_filter("2026-10-25", "ts", "Europe/Berlin")(batch).tolist() == [True, True, False, True, True, True]
     with pytest.raises(PipelineError, match=r"'soon' is not a timestamp.*row 2"):
-        day_filter("2026-10-25", "ts", "Europe/Berlin")(_stamped(["2026-10-25T01:30:00+02:00", "12:00", "soon"]))
+        day_filter("2026-10-25", "ts", "Europe/Berlin")(_stamped(["2026-10-25T01:30:00+02:00", "2026-10-25", "soon"]))
 
 
 def test_a_row_without_a_readable_timestamp_fails_naming_column_row_and_value() -> None:
@@ -218,3 +218,20 @@ def test_a_row_of_another_day_in_a_days_file_fails_naming_it_and_the_fix() -> No
     assert "2 such row(s)" in message and "day_check: keep" in message
     good = _stamped(["2026-11-01T10:00:00", "2026-11-01T11:00:00"])
     assert day_check("2026-11-01", "ts", "UTC")(good).tolist() == [True, True]
+
+
+@pytest.mark.parametrize("value", ["now", "today", "12:00"])
+def test_text_without_a_date_is_no_timestamp_not_a_moment_of_the_day_the_run_happens(value: str) -> None:
+    """pandas reads these as moments of today: the row would land in today's partition and be missing from its own."""
+    import datetime as dt
+
+    today = dt.date.today().isoformat()
+    batch = _stamped([f"{today}T09:00:00", value], rows=[0, 5])
+    with pytest.raises(PipelineError) as info:
+        day_filter(today, "ts", "UTC")(batch)
+    assert f"value {value!r} is not a timestamp" in str(info.value) and "row 5" in str(info.value)
+
+
+def test_dates_written_in_other_common_ways_are_read() -> None:
+    batch = _stamped(["2026-11-01 10:00", "11/01/2026 10:00", "2026/11/01 10:00", "Nov 1 2026 10:00", "20261101T1000"])
+    assert day_filter("2026-11-01", "ts", "UTC")(batch).tolist() == [True] * 5
