@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -133,15 +134,61 @@ def hash_filter(index: int, count: int) -> RowFilter:
     return keep
 
 
-def day_filter(key: str, column: str, timezone: str) -> RowFilter:
+def _midnight(day: datetime, timezone: str) -> Any:
     import pandas as pd
 
-    start = pd.Timestamp(datetime.strptime(key, "%Y-%m-%d")).tz_localize(timezone)
-    end = start + timedelta(days=1)
+    # A day is midnight to the next midnight on the wall clock of `timezone`: 23 or 25 hours on the days clocks
+    # change (adding 24 hours would leave an hour in no day, or in two). Where a zone changes clocks at midnight,
+    # the day starts at the first instant that exists.
+    return pd.Timestamp(day).tz_localize(timezone, ambiguous=True, nonexistent="shift_forward")
+
+
+# A year (2026, 20261101) or a day/month/short year (01/11/26): what every written date has and "12:00" lacks
+DATE_IN_TEXT = r"\d{4}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2}"
+
+
+def _instants(raw: Any, timezone: str) -> Any:
+    """Each value as a moment in `timezone`; NaT where it is no timestamp. A value without an offset is wall time
+    in `timezone`; one with an offset is that moment, so one column may mix both, and offsets (a day's data across a
+    clock change is +02:00 then +01:00)."""
+    import pandas as pd
+
+    if raw.dtype == object or isinstance(raw.dtype, pd.StringDtype):
+        # pandas reads "now", "today" and a bare time ("12:00") as moments of the day the run happens: such a row
+        # would silently land in today's partition and be missing from its own. Text without a date is no timestamp.
+        dated = raw.astype("string").str.contains(DATE_IN_TEXT, regex=True).fillna(False).to_numpy(dtype=bool)
+        raw = raw.where(dated, None)
+    try:
+        values = pd.to_datetime(raw, errors="coerce", format="mixed", utc=False)
+    except ValueError:  # offsets that differ, or some values with an offset and some without: one at a time
+        values = pd.Series([_instant(value, timezone) for value in raw], index=raw.index, dtype=object)
+        return pd.to_datetime(values, utc=True).dt.tz_convert(timezone)
+    if values.dt.tz is None:
+        # a wall time the clock change skips or repeats is still on its own date: either reading is in the same day
+        return values.dt.tz_localize(timezone, ambiguous=np.ones(len(values), dtype=bool),
+                                     nonexistent="shift_forward")
+    return values.dt.tz_convert(timezone)
+
+
+def _instant(value: Any, timezone: str) -> Any:
+    import pandas as pd
+
+    try:
+        moment = pd.Timestamp(value)
+    except (ValueError, TypeError):
+        return pd.NaT
+    if moment is pd.NaT or moment.tzinfo is not None:
+        return moment
+    return moment.tz_localize(timezone, ambiguous=True, nonexistent="shift_forward")
+
+
+def day_filter(key: str, column: str, timezone: str) -> RowFilter:
+    first = datetime.strptime(key, "%Y-%m-%d")
+    start, end = _midnight(first, timezone), _midnight(first + timedelta(days=1), timezone)
 
     def keep(batch: pa.RecordBatch) -> np.ndarray:
         raw = batch.column(column).to_pandas()
-        values = pd.to_datetime(raw, errors="coerce", format="mixed", utc=False)
+        values = _instants(raw, timezone)
         bad = values.isna().to_numpy()
         if bad.any():
             # A row without a readable timestamp belongs to no day: fail rather than lose it.
@@ -152,8 +199,6 @@ def day_filter(key: str, column: str, timezone: str) -> RowFilter:
                 row=int(batch.column("_source_row")[i].as_py()),
                 fix="fix or drop the row, or use another partitioning",
             )
-        if values.dt.tz is None:
-            values = values.dt.tz_localize(timezone)
         return ((values >= start) & (values < end)).to_numpy(dtype=bool, na_value=False)
 
     return keep

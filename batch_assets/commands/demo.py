@@ -19,6 +19,7 @@ import dagster as dg
 
 from batch_assets.catalog import built_in
 from batch_assets.components.pipeline import pipeline_definitions
+from batch_assets.orchestration.assets.lineage import FORCE, RERUN_TAG
 from batch_assets.stage_names import INFER, READ, WRITE
 from batch_assets.storage import ArrowStorage
 
@@ -89,12 +90,46 @@ def _check_metadata(name: str, defs: dg.Definitions) -> dict:
     return found
 
 
+def _run_partitions(name: str, stage: str) -> list[dict]:
+    """The metadata of every partition the latest run of the stage materialized (one event per partition, also
+    in a single-run range), in the order they finished."""
+    instance = dg.DagsterInstance.get()
+    event = instance.get_latest_materialization_event(dg.AssetKey([name, stage]))
+    if event is None:
+        return []
+    found = []
+    for record in instance.all_logs(event.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        materialization = record.asset_materialization
+        if materialization is not None and materialization.asset_key == dg.AssetKey([name, stage]):
+            found.append({k: getattr(v, "value", v) for k, v in materialization.metadata.items()})
+    return found
+
+
+def infer_rate(partitions: list[dict]) -> str:
+    """What the summary says about the infer step's speed. A partition skipped as already made (lineage) did no
+    work: its rate is no rate (its metadata says 0.0 rows/s), so it is named as skipped and left out of the rate."""
+    skipped = [md for md in partitions if md.get("skipped")]
+    inferred = [md for md in partitions if not md.get("skipped")]
+    rows = sum(int(md.get("rows_out", 0)) for md in inferred)
+    seconds = sum(float(md.get("duration_s", 0.0)) for md in inferred)
+    rate = f"{rows / seconds:.1f} rows/s in the infer step" if seconds > 0 else "no rate (nothing timed)"
+    if not skipped:
+        return rate
+    runs = sorted({str(md.get("made_by_run", ""))[:8] for md in skipped} - {""})
+    made_by = f" by run {', '.join(runs)}" if runs else ""
+    if not inferred:
+        return (f"infer skipped: {'the partition was' if len(skipped) == 1 else f'all {len(skipped)} partitions were'}"
+                f" already made{made_by} from the same source and spec, nothing inferred, so no rate (tag a run "
+                f"{RERUN_TAG}={FORCE} to redo)")
+    return (f"{len(skipped)} of {len(partitions)} partitions skipped (already made{made_by}); "
+            f"{rate} over the other {len(inferred)}")
+
+
 def _summary(name: str, elapsed: float, defs: dg.Definitions) -> None:
     inferred, output = _latest(name, INFER.asset), _latest(name, WRITE.asset)
     # Metadata is per partition; a run over several partitions also records run-wide totals (run_rows_out).
     rows = output.get("run_rows_out", output.get("dagster/row_count", output.get("rows_out")))
-    parts = [f"{rows} rows",
-             f"model {inferred.get('model')}", f"{inferred.get('rows_per_s')} rows/s in the infer step"]
+    parts = [f"{rows} rows", f"model {inferred.get('model')}", infer_rate(_run_partitions(name, INFER.asset))]
     if "rows_with_errors" in inferred:
         parts.append(f"{inferred['rows_with_errors']} row errors")
     if "cost_usd" in inferred:

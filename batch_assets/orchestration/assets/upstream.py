@@ -96,9 +96,9 @@ def upstream_problems(defs: dg.Definitions, specs: list[PipelineSpec]) -> tuple[
             continue
         where = f"pipeline {spec.name!r}: source.asset {spec.source.asset!r}"
         node = graph.get(key) if graph.has(key) else None
-        if node is None or not (node.is_materializable or node.is_observable):
+        if node is None or not _declared(node):
             known = [k.to_user_string() for k in graph.get_all_asset_keys() if k.path[0] != spec.name
-                     and (graph.get(k).is_materializable or graph.get(k).is_observable)]  # not the stub for `key`
+                     and _declared(graph.get(k))]
             close = difflib.get_close_matches(key.to_user_string(), known, n=3)
             warnings.append(f"{where} is not an asset of this code location"
                             + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
@@ -111,3 +111,12 @@ def upstream_problems(defs: dg.Definitions, specs: list[PipelineSpec]) -> tuple[
         if problem:
             problems.append(f"{where}: {problem}")
     return problems, warnings
+
+
+def _declared(node: object) -> bool:
+    """An asset of the code location: one it materializes or observes, or one it declares with a `dg.AssetSpec` (an
+    asset another system makes, whose materializations are reported to Dagster: its partitions are known and must
+    map). Not the stub Dagster makes for a key that is only named as a dependency."""
+    if node.is_materializable or node.is_observable:  # type: ignore[attr-defined]
+        return True
+    return not node.assets_def.is_auto_created_stub  # type: ignore[attr-defined]
