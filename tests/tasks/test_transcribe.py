@@ -91,3 +91,26 @@ def test_the_spec_needs_exactly_one_column_of_audio_files():
     assert ERROR_COLUMN not in task().schema()  # the loop adds the error column; the task never declares it
     assert pa.list_(pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])) == \
         task().schema()["segments"]
+
+
+def test_a_partition_whose_first_chunk_has_no_audio_is_published_with_every_row_and_its_reason(tmp_path: Path):
+    """The same through a whole run (faster_whisper, Whisper tiny.en on CPU): a chunk of rows without a file, then a
+    chunk with a file that does not exist: every row comes out once, each with its reason; nothing fails the step."""
+    from tests.conftest import make_spec, read_output, run_pipeline, write_jsonl
+
+    rows = [{"call_id": f"c{i}", "file_path": None} for i in range(3)] + \
+           [{"call_id": "c3", "file_path": str(tmp_path / "no-such-call.wav")}]
+    write_jsonl(tmp_path / "in" / "a.jsonl", rows)
+    spec = make_spec({
+        "name": "calls", "source": {"format": "jsonl", "path": "PLACEHOLDER/{partition}.jsonl",
+                                    "columns": ["call_id", "file_path"]},
+        "partitioning": {"kind": "static", "keys": ["a"]},
+        "prepare": {"id_column": "call_id", "input_columns": ["file_path"]},
+        "task": {"kind": "transcribe"}, "model": {"provider": "faster_whisper", "config": {}},
+        "runtime": {"chunk_rows": 3, "max_error_fraction": 1.0},
+    }, tmp_path / "in")
+    run_pipeline(spec, tmp_path / "out", ["a"])
+    out = read_output(spec, tmp_path / "out", "a").sort_by("call_id").to_pylist()
+    assert [r["call_id"] for r in out] == ["c0", "c1", "c2", "c3"]
+    assert all(r["text"] is None for r in out)
+    assert all("empty" in r["error"] for r in out[:3]) and "no-such-call.wav" in out[3]["error"]
