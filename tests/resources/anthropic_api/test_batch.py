@@ -148,3 +148,32 @@ def test_an_errored_result_that_no_row_can_get_past_fails_the_partition(session)
     with pytest.raises(ProviderSetupError) as caught:
         session._outcome(result)
     assert "add credit" in caught.value.fix and API_KEY not in str(caught.value)
+
+
+def test_a_batch_filled_to_the_byte_limit_is_accepted(tmp_path: Path):
+    """The batch machinery (stages/infer_batch.py) fills a Message Batch with request lines while their bytes stay
+    within the session's max_bytes; the create body the SDK sends wraps them (`{"requests":[...]}`), and must still
+    be within batch_max_bytes (Anthropic's limit: 256 MB a request), or a full batch is refused with a 413 and its
+    rows are not submitted. Non-ASCII text included: the SDK sends UTF-8, as the lines are counted."""
+    lines = [AnthropicBatches(client=None, run=None, model=MODEL, plan=_plan(), secret=None, timeout_s=5,
+                              max_requests=100, max_bytes=10**6, active=set())
+             .request_line(f"r{i}", conversation("日本語のテキスト é " * (i + 1))) for i in range(40)]
+    limit = sum(len(line) for line in lines[:30])  # a limit the first 30 lines fill to the byte
+    proc = StandinProcess(tmp_path / "state", tmp_path / "log", "--max-bytes", str(limit),
+                          module="tests.batch_api.anthropic_standin").start()
+    provider = AnthropicProvider(model=MODEL, base_url=proc.root, api_key=API_KEY, batch_api=True, max_attempts=1,
+                                 batch_max_bytes=limit).load_for_tests()
+    try:
+        session = provider.batch_session(PARAMS)
+        group, size = [], 0
+        for line in lines:  # as infer_batch.py groups them
+            if size + len(line) > session.max_bytes:
+                break
+            group.append(line)
+            size += len(line)
+        sub = SimpleNamespace(custom_ids=[f"r{i}" for i in range(len(group))], created=time.time())
+        assert session.create(sub, b"".join(group)).startswith("msgbatch_")  # not a 413
+        assert len(group) >= 29  # and nearly full: the envelope costs bytes, not a row's worth of room
+    finally:
+        provider.close()
+        proc.stop()
