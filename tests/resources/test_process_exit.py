@@ -35,22 +35,39 @@ def _start(target, daemon: bool):
     return child
 
 
-def test_a_daemonic_child_deaf_to_sigterm_is_killed_and_named_and_a_step_process_is_left_alone(capfd):
+def _scenario(report) -> None:
+    """Runs in a process of its own, so that only this test's children are there to be stopped (a pytest worker may
+    hold other tests' children)."""
     deaf, obedient, step = _start(_deaf, True), _start(_obedient, True), _start(_obedient, False)
+    killed = stop_daemonic_children(grace_s=0.5)
+    report.put({"killed": killed, "deaf": deaf.pid, "deaf_exit": deaf.exitcode, "deaf_alive": deaf.is_alive(),
+                "obedient_exit": obedient.exitcode, "obedient_alive": obedient.is_alive(),
+                "step_alive": step.is_alive()})
+    step.kill()
+    step.join(10)
+
+
+def test_a_daemonic_child_deaf_to_sigterm_is_killed_and_named_and_a_step_process_is_left_alone(capfd):
+    report = CTX.Queue()
+    owner = CTX.Process(target=_scenario, args=(report,))
+    owner.start()
     try:
-        killed = stop_daemonic_children(grace_s=0.5)
-        assert killed == [deaf.pid]
-        assert not deaf.is_alive() and deaf.exitcode == -signal.SIGKILL
-        assert not obedient.is_alive() and obedient.exitcode == -signal.SIGTERM
-        assert step.is_alive()  # non-daemonic: waited for as Python always does, never killed
-        assert f"killed daemonic child process(es) [{deaf.pid}]" in capfd.readouterr().err
+        seen = report.get(timeout=60)
     finally:
-        for child in (deaf, obedient, step):
-            if child.is_alive():
-                child.kill()
-            child.join(10)
+        owner.join(30)
+        if owner.is_alive():
+            owner.kill()
+    assert seen["killed"] == [seen["deaf"]]
+    assert not seen["deaf_alive"] and seen["deaf_exit"] == -signal.SIGKILL
+    assert not seen["obedient_alive"] and seen["obedient_exit"] == -signal.SIGTERM
+    assert seen["step_alive"]  # non-daemonic: waited for as Python always does, never killed
+    assert f"killed daemonic child process(es) [{seen['deaf']}]" in capfd.readouterr().err
 
 
 def test_nothing_to_stop_says_nothing(capfd):
-    assert stop_daemonic_children(grace_s=0.1) == []
+    report = CTX.Queue()
+    owner = CTX.Process(target=lambda q: q.put(stop_daemonic_children(grace_s=0.1)), args=(report,))
+    owner.start()
+    assert report.get(timeout=60) == []
+    owner.join(30)
     assert capfd.readouterr().err == ""
