@@ -22,6 +22,7 @@ def _deaf(ready) -> None:
 
 
 def _obedient(ready) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler a fork inherits from the test runner
     ready.set()
     while True:
         time.sleep(1)
