@@ -42,6 +42,8 @@ class PredictTask(Task):
 
     def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
         spec = self.spec
+        if results is None:  # no row of the chunk was sent (every row flagged): null outputs, one per row
+            return self._nulls(n)
         outputs = results if isinstance(results, dict) else {self.output_column: results}
         clash = sorted(set(outputs) & (RESERVED_COLUMNS | set(spec.source.columns)))
         if clash:
@@ -65,6 +67,13 @@ class PredictTask(Task):
                 raise PipelineError(f"the model's output column {name!r} has values of mixed types: {exc}",
                                     column=name, fix="return one type per output column") from None
         return list(outputs), arrays
+
+    def _nulls(self, n: int) -> tuple[list[str], list[pa.Array]]:
+        """The declared columns, typed; without output_types only the output column is known before the model
+        answers (a model naming its own columns then differs from this chunk's, which the partition's assembly
+        refuses naming the fix: declare task.output_types)."""
+        types = self._schema() or {self.output_column: pa.null()}
+        return list(types), [pa.nulls(n, t) for t in types.values()]
 
     def _schema(self) -> dict[str, pa.DataType | None]:
         # Without output_types the model names its columns; their types are the ones its chunks agree on.

@@ -62,6 +62,7 @@ class TranscribeTask(Task):
         return ChunkPlan(sent, [AudioFile(str(ref), partial(open_audio, str(ref))) for ref in refs], errors)
 
     def _columns(self, plan: ChunkPlan, results: Any, n: int) -> tuple[list[str], list[pa.Array]]:
+        results = results or []  # None: no row of the chunk was sent (every path empty or flagged)
         note_row_errors(results, plan.sent, plan.errors)
         segments = [None if r.error else [{"start": s.start, "end": s.end, "text": s.text} for s in r.segments]
                     for r in results]

@@ -34,6 +34,10 @@ from batch_assets.resources.protocols import BatchOutcome, BatchState
 
 # How far the provider's clock may be behind ours when a lost create is looked for among the listed batches.
 CLOCK_SKEW_S = 300.0
+# The create body wraps the request lines as `{"requests":[line,line,...]}` (the SDK sends compact UTF-8, as the lines
+# are counted): 15 bytes of envelope, one comma per newline dropped. The batch machinery sizes a batch by its lines,
+# so the session's byte budget leaves the envelope out, and a batch filled to the byte stays within the limit.
+ENVELOPE_BYTES = len(b'{"requests":[]}')
 
 
 @dataclass
@@ -58,6 +62,9 @@ class AnthropicBatches:
     poll_s: float = 60.0
     max_attempts: int = 5
     retry_online: bool = False
+
+    def __post_init__(self) -> None:
+        self.max_bytes = max(1, self.max_bytes - ENVELOPE_BYTES)
 
     # -- building the requests -------------------------------------------------------------------------------------
     def request_line(self, custom_id: str, conversation: list[dict[str, Any]]) -> bytes:

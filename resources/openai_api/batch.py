@@ -171,10 +171,13 @@ class OpenAIBatches:
     def cancel(self, batch_id: str) -> None:
         import openai
 
-        try:
-            self._control(lambda: self.client.batches.cancel(batch_id))
-        except openai.ConflictError:
-            pass  # it ended meanwhile: nothing left to cancel
+        async def cancel_once() -> None:
+            try:
+                await self.client.batches.cancel(batch_id)
+            except openai.ConflictError:
+                pass  # it ended meanwhile: nothing left to cancel (a 409 the retry policy would ask again)
+
+        self._control(cancel_once)
         self.active.discard(batch_id)
 
     # -- results ---------------------------------------------------------------------------------------------------

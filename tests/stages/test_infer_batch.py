@@ -4,7 +4,7 @@ errors, transient failures go into a new batch at most `max_attempts` times and 
 whose batch id was never written down is found again instead of being submitted twice.
 
 `BatchesStandIn` plays the provider's batch session in memory (the interface infer_batch calls: the OpenAI and
-Anthropic sessions in resources/ implement it against their APIs; tests/batch_api/ runs those end to end against
+Anthropic sessions in resources/ implement it against their APIs; tests/resources/openai_api/ and anthropic_api/ run those end to end against
 loopback stand-ins of the real APIs). Each batch ends the first time it is looked at."""
 
 from __future__ import annotations
