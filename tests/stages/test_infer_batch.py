@@ -20,7 +20,7 @@ from batch_assets.errors import PipelineError
 from batch_assets.reliability.batches import BatchLedger
 from batch_assets.reliability.journal import AnswerJournal
 from batch_assets.stages.infer_batch import _BatchRun, _Row, custom_id
-from batch_assets.resources.errors import GAVE_UP
+from batch_assets.resources.provider_errors import GAVE_UP
 from batch_assets.resources.protocols import BatchOutcome, BatchState, Generation
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from batch_assets.orchestration.assets.infer_asset import (InferredAsset, id_column,
                                                            infer_partition_metadata)
-from batch_assets.resources.errors import ModelLoadError
+from batch_assets.resources.provider_errors import ModelLoadError
 from batch_assets.spec import parse_spec
 from tests.conftest import GENERATE_SPEC, make_spec, run_pipeline
 from tests.daemon_helpers import daily_spec, write_day

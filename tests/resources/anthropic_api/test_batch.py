@@ -16,7 +16,7 @@ import pytest
 
 from batch_assets.resources.anthropic_api.batch import AnthropicBatches
 from batch_assets.resources.anthropic_api.provider import AnthropicProvider
-from batch_assets.resources.errors import BatchNotIdentified, ProviderSetupError
+from batch_assets.resources.provider_errors import BatchNotIdentified, ProviderSetupError
 from batch_assets.resources.protocols import GenerationParams
 from tests.resources.anthropic_api.anthropic_standin import PER_REQUEST_S, WINDOW_S, check_params
 from tests.resources.conftest import API_KEY, StandinProcess

@@ -15,7 +15,7 @@ import anthropic
 import pytest
 
 from batch_assets.resources.anthropic_api.retry import classify_failure, error_type, failure_for
-from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.provider_errors import ProviderSetupError
 from batch_assets.resources.openai_api.limits import RequestGate
 from batch_assets.resources.openai_api.retry import Failure, RetryPolicy, call_with_retries
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.provider_errors import ProviderSetupError
 from batch_assets.resources.openai_api import OpenAICompatibleProvider
 from batch_assets.resources.openai_api.batch import TOKEN_KEY, OpenAIBatches
 from batch_assets.resources.openai_api.retry import MalformedResponse

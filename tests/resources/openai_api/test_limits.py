@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from batch_assets.resources.errors import ProviderSetupError
+from batch_assets.resources.provider_errors import ProviderSetupError
 from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
 
 
