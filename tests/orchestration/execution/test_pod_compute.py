@@ -1,4 +1,5 @@
-"""The infer step's resource policy: spec -> per-partition resources -> the step's Kubernetes config."""
+"""The infer step's Kubernetes compute (orchestration/execution/pod_compute.py, what `runtime.resources` asks
+for): spec -> per-partition resources -> the step's Kubernetes config."""
 
 from __future__ import annotations
 
@@ -258,7 +259,7 @@ def test_a_replicas_step_pod_rendered_from_the_chart_tells_the_provider(tmp_path
     from tests.k8s.conftest import chart_deployment, step_job
     from tests.k8s.stub import KubernetesJobsStub
 
-    values = yaml.safe_load((Path(__file__).parents[2] / "k8s" / "values.yaml").read_text())
+    values = yaml.safe_load((Path(__file__).parents[3] / "k8s" / "values.yaml").read_text())
     spec = make_spec(EMBED_SPEC, tmp_path, model={"provider": "vllm", "config": {"model": "org/model"}},
                      runtime={"resources": {"default": {"gpus": 2, "gpu_strategy": "replicas"}}})
     stub = KubernetesJobsStub(tmp_path / "stub", cwd=tmp_path).start()  # for its kubeconfig; nothing is posted
