@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 
+# What a plug-in's spec check returns (a source format, sink, partition kind, task kind): (spec field, what is
+# wrong) pairs, which spec.PipelineSpec's check gathers and raises as one SpecError. Declared here, at the bottom.
+Problems = list[tuple[str, str]]
+
 
 class PipelineError(Exception):
     """Bad input or a broken stage. Raised inside an asset; the step fails and no partial output is committed."""

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import dagster as dg
 
-from batch_assets.errors import PipelineError
+from batch_assets.errors import PipelineError, Problems
 from batch_assets.partition_files import (
     PartitionSlice,
     day_check,
@@ -40,7 +40,6 @@ from batch_assets.partition_files import (
 )
 from batch_assets.spec_sections import PARTITION_TOKEN, PartitionDimensionSpec, PartitioningSpec, PipelineSections
 from batch_assets.storage import shown_path
-Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
 PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Dagster joins a multi-partition key's dimension keys with '|' and lists keys with ',' and '[...]' (dagster's
 # INVALID_STATIC_PARTITIONS_KEY_CHARACTERS): a key holding one would be split wrongly, or silently dropped.

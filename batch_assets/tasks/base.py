@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from batch_assets.errors import PipelineError
+from batch_assets.errors import PipelineError, Problems
 from batch_assets.tasks.token_limits import TokenLimit
 from batch_assets.resources.protocols import CAPABILITIES, GenerationParams
 
@@ -37,7 +37,6 @@ RESERVED_COLUMNS = frozenset({ERROR_COLUMN, "row_id", "_source_file", "_source_r
                               "_input_problem", "_read_error", "_text", "_prompt", "_images", "_files",
                               TRUNCATED_COLUMN})
 
-Problems = list[tuple[str, str]]  # (spec field, what is wrong), as PipelineSpec's check reports them
 
 
 @dataclass

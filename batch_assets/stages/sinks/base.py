@@ -7,10 +7,10 @@ from typing import IO, Protocol
 
 import pyarrow as pa
 
+from batch_assets.errors import Problems
 from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import atomic_output, filesystem_for, join, partition_file_name
 
-Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
 # The `sink` fields only some formats read; each sink lists those it reads in its `options`. A sink that sets one its
 # format does not read is refused at load: ignored, `table: docs` on a parquet sink would change nothing, unsaid.
 SINK_OPTIONS = ("table",)

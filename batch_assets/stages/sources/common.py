@@ -3,11 +3,10 @@ without row counts in its metadata."""
 
 from __future__ import annotations
 
-from batch_assets.errors import PipelineError
+from batch_assets.errors import PipelineError, Problems
 from batch_assets.spec_sections import PipelineSections
 from batch_assets.storage import filesystem_for
 
-Problems = list[tuple[str, str]]  # (spec field, what is wrong), as spec.PipelineSpec's check reports them
 # The `source` fields only some formats read; each format's module lists those it reads in its OPTIONS.
 FORMAT_OPTIONS = ("encoding", "block_size", "types", "sample")
 
