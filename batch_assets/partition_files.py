@@ -57,16 +57,36 @@ def expand(pattern: str) -> list[str]:
         ) from None
 
 
+# Names that are not data: an atomic writer's temporary file (`.x.jsonl.tmp-1`), a marker (`_SUCCESS`), a writer's
+# staging folder (Spark's `_temporary/`, an uploader's `.staging/`), a notebook's `.ipynb_checkpoints/`. The rule of
+# pyarrow.dataset (`ignore_prefixes`) and Hadoop: a file whose name, or a folder the glob chose, starts with one.
+NOT_DATA_PREFIXES = (".", "_")
+
+
+def is_data_path(matched: str, pattern: str | None = None) -> bool:
+    """Whether a listed file is data. Its own name must not start with '.' or '_'; nor may a folder the wildcards of
+    `pattern` chose (folders the pattern names literally are the user's: `s3://bucket/_raw/*.jsonl` reads `_raw`).
+    `matched` and `pattern` are both URLs or both paths without a scheme, as the same filesystem lists them."""
+    parts = matched.rstrip("/").split("/")
+    if parts[-1].startswith(NOT_DATA_PREFIXES):
+        return False
+    if pattern is None:
+        return True
+    pattern_parts = pattern.rstrip("/").split("/")
+    first_wild = next((i for i, part in enumerate(pattern_parts) if globlib.has_magic(part)), len(pattern_parts))
+    literal = set(pattern_parts)
+    return not any(part.startswith(NOT_DATA_PREFIXES) and part not in literal for part in parts[first_wild:-1])
+
+
 def _expand_unchecked(pattern: str) -> list[str]:
     fs, path = filesystem_for(pattern)
     if not globlib.has_magic(path):
         return [pattern] if fs.exists(path) else []
-    # What a glob matches is data only if it is a file whose name does not start with '.' or '_' (an atomic writer's
-    # temporary file, a `_SUCCESS` marker), as the sensor takes it: a folder or a half-written file in the listing
-    # would otherwise be read as a row (files source) or fail the read, and change the partition's source version.
+    # What a glob matches is data only if it is a file and is_data_path says so, as the sensor takes it: a folder or a
+    # half-written file in the listing would otherwise be read as a row (files source) or fail the read, change the
+    # partition's source version, or (with {partition} in a folder's place) become a partition key of its own.
     matches = sorted(name for name, info in fs.glob(path, detail=True).items()
-                     if info.get("type") != "directory"
-                     and not name.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_")))
+                     if info.get("type") != "directory" and is_data_path(name, path))
     if pattern.startswith("s3://"):
         return [f"s3://{m}" for m in matches]
     if is_remote(pattern):

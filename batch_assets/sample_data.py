@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable
 from datetime import date, timedelta
 
+from batch_assets.partition_files import is_data_path
 from batch_assets.partitions import partition_kind
 from batch_assets.spec import PARTITION_TOKEN, PipelineSpec
 from batch_assets.storage import atomic_output, filesystem_for
@@ -145,12 +146,12 @@ def ensure_sample(spec: PipelineSpec, keys: list[str] | None = None) -> list[str
 
 
 def _data_at(source_path: str) -> bool:
-    """Whether any file matches the source path, `{partition}` standing for any key (names starting with `.` or `_`
-    are an atomic writer's temporary files and markers, never data)."""
+    """Whether any file matches the source path, `{partition}` standing for any key (a writer's temporary files,
+    markers and staging folders are never data: partition_files.is_data_path)."""
     fs, path = filesystem_for(source_path.replace(PARTITION_TOKEN, "*"))
     if not any(ch in path for ch in "*?["):
         return fs.exists(path)
-    return any(not name.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_"))
+    return any(is_data_path(name, path)
                for name, info in fs.glob(path, detail=True).items() if info.get("type") != "directory")
 
 

@@ -98,6 +98,22 @@ def test_keys_come_from_the_part_of_each_name_that_partition_matches(tmp_path: P
     assert discover_file_keys(spec) == ["2025", "2026"]
 
 
+def test_a_writers_staging_folder_is_no_partition_and_no_data(tmp_path: Path) -> None:
+    """{partition} in a folder's place: a writer's staging folder (Spark's `_temporary`, an uploader's `.staging`, a
+    notebook's `.ipynb_checkpoints`) beside the day folders is not a partition key, and a `**` glob does not read
+    the files inside it; a folder the spec names literally (`_raw`) is the user's and is read."""
+    data = tmp_path / "_raw" / "reviews"
+    _touch(data / "2026-11-01" / "part.jsonl", data / "2026-11-02" / "part.jsonl",
+           data / "_temporary" / "part.jsonl", data / ".staging" / "part.jsonl",
+           data / ".ipynb_checkpoints" / "part.jsonl", data / "2026-11-02" / "_temporary" / "part.jsonl")
+    spec = _static_spec(tmp_path, str(data / "{partition}" / "part.jsonl"))
+    assert discover_file_keys(spec) == ["2026-11-01", "2026-11-02"]
+    assert expand(str(data / "**" / "*.jsonl")) == [str(data / "2026-11-01" / "part.jsonl"),
+                                                    str(data / "2026-11-02" / "part.jsonl")]
+    assert expand(str(data / "_temporary" / "*.jsonl")) == [str(data / "_temporary" / "part.jsonl")], \
+        "a folder the pattern names is the user's choice"
+
+
 def test_without_partition_in_the_path_one_key_per_file(tmp_path: Path) -> None:
     _touch(tmp_path / "in" / "north.jsonl", tmp_path / "in" / "south.jsonl")
     assert discover_file_keys(_static_spec(tmp_path, str(tmp_path / "in" / "*.jsonl"))) == ["north", "south"]

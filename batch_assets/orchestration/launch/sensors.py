@@ -44,6 +44,7 @@ from batch_assets.orchestration.assets.factory import STORAGE_KEY
 from batch_assets.orchestration.assets.lineage import file_modified
 from batch_assets.orchestration.launch import claims
 from batch_assets.orchestration.launch.claims import LAUNCHED_BY_TAG
+from batch_assets.partition_files import is_data_path
 from batch_assets.partitions import MULTI_KEY_FORBIDDEN, dimension_keys, partition_kind, partitions_def_for
 from batch_assets.sample_data import ensure_sample
 from batch_assets.spec import PipelineSpec
@@ -118,14 +119,12 @@ def list_source_files(spec: PipelineSpec) -> list[SourceFile]:
     names = _placeholders(spec)
     matcher = _key_pattern(path, names)
     scheme = "s3://" if pattern.startswith("s3://") else ""
-    found = fs.glob(re.sub(r"\{(" + "|".join(map(re.escape, names)) + r")\}", "*", path), detail=True)
+    glob = re.sub(r"\{(" + "|".join(map(re.escape, names)) + r")\}", "*", path)
+    found = fs.glob(glob, detail=True)
     files = []
     for name, info in found.items():
-        if info.get("type") == "directory":
-            continue
-        basename = name.rstrip("/").rsplit("/", 1)[-1]
-        if basename.startswith((".", "_")):
-            continue  # temporary files of atomic writers, markers
+        if info.get("type") == "directory" or not is_data_path(name, glob):
+            continue  # temporary files of atomic writers, markers, writers' staging folders
         match = matcher.match(name)
         if match:
             files.append(SourceFile(scheme + name, _file_key(spec, match, names), _modified(info), info))

@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from batch_assets.partition_files import is_data_path
 from batch_assets.registries import FILE_COLUMNS
 from batch_assets.stages.sources.common import Problems, no_row_count_problems, option_problems
 from batch_assets.stages.sources.versions import content_version
@@ -84,7 +85,7 @@ def partition_batches(spec: Any, urls: list[str], cache_root: str | None = None,
         info = infos.get(url)
         if isinstance(info, dict) and info.get("type") == "directory":
             continue
-        if url.rstrip("/").rsplit("/", 1)[-1].startswith((".", "_")):
+        if not is_data_path(url):
             continue
         rows.append((url, info if isinstance(info, dict) else None, info if isinstance(info, str) else None))
         if len(rows) == spec.source.batch_rows:

@@ -115,6 +115,20 @@ def test_half_written_files_wait(tmp_path: Path) -> None:
         assert [r.partition_key for r in ticker.tick().run_requests] == ["writing"]
 
 
+def test_a_writers_staging_folder_is_not_a_new_partition(tmp_path: Path) -> None:
+    """{partition} in a folder's place: a writer's staging folder (Spark's `_temporary`, an uploader's `.staging`)
+    beside the partition folders is never requested as a partition (partition_files.is_data_path)."""
+    spec = inbox_spec(str(tmp_path / "in"))
+    spec["source"]["path"] = f"{tmp_path / 'in'}/{{partition}}/part.jsonl"
+    for folder in ("q1", "_temporary", ".staging"):
+        path = drop(tmp_path / "in" / folder, "part")
+        assert path.name == "part.jsonl"
+    with dg.instance_for_test() as instance:
+        ticker = Ticker(instance, spec)
+        assert [r.partition_key for r in ticker.tick().run_requests] == ["q1"]
+        assert instance.get_dynamic_partitions("inbox") == ["q1"]
+
+
 def test_marker_readiness_waits_for_a_newer_success_file(tmp_path: Path) -> None:
     folder = tmp_path / "in" / "batch-1"
     drop(folder, "q1", age_s=30)
