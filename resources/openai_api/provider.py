@@ -191,8 +191,9 @@ class OpenAICompatibleProvider(HostedApiProvider):
     )
     tokens_per_minute: float | None = operational(
         default=None,
-        description="Token rate limit. Each request is charged its estimated prompt tokens (characters / 4) plus "
-        "its completion budget, before it is sent. None: no limit.",
+        description="Token rate limit. Each request is charged its estimated prompt tokens (text: characters / 4; "
+        "images and PDFs: what the endpoint documents, resources/openai_api/limits.py) plus its completion budget, "
+        "before it is sent. None: no limit.",
     )
     max_attempts: int = operational(
         default=5,

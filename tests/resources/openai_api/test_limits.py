@@ -7,11 +7,15 @@ Each test drives the real gate on an event loop and counts requests admitted, ne
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 
 import pytest
 
 from batch_assets.resources.provider_errors import ProviderSetupError
-from batch_assets.resources.openai_api.limits import RequestGate, estimate_chat_tokens, estimate_text_tokens
+from batch_assets.resources.openai_api.limits import (IMAGE_TOKENS_MAX, PDF_TOKENS_PER_PAGE, RequestGate,
+                                                      anthropic_image_tokens, estimate_chat_tokens,
+                                                      estimate_text_tokens, openai_image_tokens)
 
 
 async def _settle() -> None:
@@ -31,6 +35,65 @@ def test_a_request_is_charged_its_whole_prompt_and_its_completion_budget():
     assert one >= 400 // 4 + 50 and parts >= 800 // 4 + 50 and parts > one
     assert estimate_chat_tokens([{"role": "assistant", "content": None}], 10) >= 10  # a tool-call turn: no text
     assert estimate_text_tokens(["a" * 40, "b" * 40]) >= 20  # embeddings: no completion
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _pdf(pages: int) -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=12)
+    for n in range(pages):
+        pdf.add_page()
+        pdf.cell(text=f"page {n + 1}")
+    return bytes(pdf.output())
+
+
+def _user(*parts: dict) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": "Describe it."}, *parts]}]
+
+
+def test_an_image_is_charged_what_the_endpoint_documents_not_nothing_and_not_its_base64():
+    """An image row against tokens_per_minute / batch_max_enqueued_tokens: OpenAI's documented examples (a 1024 x 1024
+    image in high detail: 765 tokens for the tile models, 1,024 patches for the newer ones; 'low': 85), Anthropic's
+    (width x height / 750; 1092 x 1092 about 1,590), a URL the endpoint fetches at the most either charges."""
+    text_only = estimate_chat_tokens(_user(), max_new_tokens=10)
+    png = _png(1024, 1024)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    high = estimate_chat_tokens(_user({"type": "image_url", "image_url": {"url": url}}), 10) - text_only
+    low = estimate_chat_tokens(_user({"type": "image_url", "image_url": {"url": url, "detail": "low"}}), 10) - text_only
+    fetched = estimate_chat_tokens(_user({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}), 10)
+    assert high == max(765, 1024) and low == 85
+    assert fetched - text_only == IMAGE_TOKENS_MAX >= 1_536
+    assert high < len(url) // 4, "an image is not charged its base64 characters"
+    assert openai_image_tokens(2048, 4096) >= 1_105  # the docs' second example (6 tiles), patches capped at 1,536
+    assert openai_image_tokens(200, 200) == 85 + 170  # one tile
+    # Anthropic's shape, as its provider estimates the translated body
+    anthropic = estimate_chat_tokens(_user({"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": base64.b64encode(_png(1092, 1092)).decode()}}), 10)
+    assert anthropic - text_only == anthropic_image_tokens(1092, 1092) and 1_580 <= anthropic - text_only <= 1_600
+    assert anthropic_image_tokens(4000, 3000) == anthropic_image_tokens(1092, 1092), "scaled down first"
+    assert anthropic_image_tokens(200, 200) == 54
+
+
+def test_a_pdf_is_charged_by_its_pages():
+    text_only = estimate_chat_tokens(_user(), max_new_tokens=10)
+    data = base64.b64encode(_pdf(3)).decode()
+    openai = estimate_chat_tokens(_user({"type": "file", "file": {
+        "filename": "a.pdf", "file_data": "data:application/pdf;base64," + data}}), 10) - text_only
+    anthropic = estimate_chat_tokens(_user({"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": data}}), 10) - text_only
+    assert openai == anthropic == 3 * PDF_TOKENS_PER_PAGE
+    one_page = estimate_chat_tokens(_user({"type": "file", "file": {
+        "filename": "b.pdf", "file_data": "data:application/pdf;base64," + base64.b64encode(_pdf(1)).decode()}}), 10)
+    assert one_page - text_only == PDF_TOKENS_PER_PAGE
 
 
 def test_no_more_requests_in_flight_than_the_cap():
