@@ -141,10 +141,13 @@ class AnthropicBatches:
     def cancel(self, batch_id: str) -> None:
         import anthropic
 
-        try:
-            self._control(lambda: self.client.messages.batches.cancel(batch_id))
-        except anthropic.ConflictError:
-            pass  # it ended meanwhile: nothing left to cancel
+        async def cancel_once() -> None:
+            try:
+                await self.client.messages.batches.cancel(batch_id)
+            except anthropic.ConflictError:
+                pass  # it ended meanwhile: nothing left to cancel (a 409 the retry policy would ask again)
+
+        self._control(cancel_once)
         self.active.discard(batch_id)
 
     # -- results ---------------------------------------------------------------------------------------------------

@@ -121,6 +121,28 @@ def test_a_cancelled_batch_ends_with_its_unanswered_requests_asked_again(standin
     session.cancel(batch_id)  # cancelling an ended batch again is no error
 
 
+def test_a_409_to_a_cancel_is_asked_once_not_retried(session, monkeypatch):
+    """Anthropic documents no answer for cancelling a batch that has ended; should it be a 409 (as OpenAI's is), it
+    means nothing is left to cancel: asked once, not five times with backoff (the retry policy retries 409s as lock
+    conflicts). The stand-in answers 200 there, so this one answer is a named fake: the SDK's own ConflictError."""
+    import anthropic
+    import httpx
+
+    calls = []
+
+    async def ended(batch_id, **_):
+        calls.append(batch_id)
+        response = httpx.Response(409, request=httpx.Request("POST", f"https://api.anthropic.com/{batch_id}/cancel"),
+                                  json={"type": "error", "error": {"type": "invalid_request_error",
+                                                                   "message": "batch has ended"}})
+        raise anthropic.ConflictError("batch has ended", response=response, body=response.json())
+
+    monkeypatch.setattr(session.client.messages.batches, "cancel", ended)
+    session.active.add("msgbatch_ended")
+    session.cancel("msgbatch_ended")
+    assert calls == ["msgbatch_ended"] and "msgbatch_ended" not in session.active
+
+
 def test_a_lost_create_answer_is_adopted_only_when_one_batch_can_be_it(standin, session):
     batch_id, sub = submit(session, {"a": "one", "b": "two"})
     session.active.clear()
