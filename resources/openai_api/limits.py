@@ -69,9 +69,13 @@ def _base64_payload(url: Any) -> bytes | None:
     header, sep, data = str(url or "").partition(",")
     if not (header.startswith("data:") and sep and ";base64" in header):
         return None
+    return _b64decode(data)
+
+
+def _b64decode(data: Any) -> bytes | None:
     try:
-        return base64.b64decode(data, validate=False)
-    except (binascii.Error, ValueError):
+        return base64.b64decode(data or "", validate=False)
+    except (binascii.Error, ValueError, TypeError):
         return None
 
 
@@ -111,12 +115,7 @@ def _part_tokens(part: dict[str, Any]) -> int:
         return openai_image_tokens(*size, detail) if size else IMAGE_TOKENS_MAX
     if kind in ("image", "document"):
         source = part.get("source") if isinstance(part.get("source"), dict) else {}
-        data = None
-        if source.get("type") == "base64":
-            try:
-                data = base64.b64decode(source.get("data") or "", validate=False)
-            except (binascii.Error, ValueError):
-                data = None
+        data = _b64decode(source.get("data")) if source.get("type") == "base64" else None
         if kind == "document":
             return _pdf_part_tokens(data)
         size = _image_size(data)
