@@ -25,7 +25,7 @@ from batch_assets.orchestration.assets.infer_asset import InferredAsset, id_colu
 from batch_assets.orchestration.assets.lineage import stage_code_version
 from batch_assets.orchestration.assets.partition_loop import run_partitions
 from batch_assets.orchestration.assets.upstream import upstream_dep
-from batch_assets.orchestration.execution.pool_slots import infer_pool, release_dead_slots
+from batch_assets.orchestration.execution.pool_slots import guard_slot_claims, infer_pool, release_dead_slots
 from batch_assets.orchestration.execution.pod_compute import INFER_STAGE, PIPELINE_TAG, STAGE_TAG
 from batch_assets.orchestration.execution.stopping import stoppable
 from batch_assets.partitions import partition_kind, partitions_def_for
@@ -227,6 +227,7 @@ def job_name(spec: PipelineSpec) -> str:
 
 
 def build_pipeline_definitions(spec: PipelineSpec) -> dg.Definitions:
+    guard_slot_claims()  # whichever process executes these steps claims pool slots one step per slot
     assets = build_pipeline_assets(spec)
     job = dg.define_asset_job(
         job_name(spec),

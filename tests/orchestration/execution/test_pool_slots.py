@@ -12,6 +12,7 @@ from batch_assets.orchestration.execution.pool_slots import endpoint_pool, infer
 from batch_assets.spec import parse_spec
 from tests.conftest import GENERATE_SPEC, make_spec, pipeline_definitions
 from tests.daemon_helpers import daily_spec, write_day
+from tests.test_postgres import postgres_port  # noqa: F401 - the module-scoped PostgreSQL fixture
 
 DAYS = ["2026-11-01", "2026-11-02"]
 
@@ -239,3 +240,83 @@ def _home(tmp_path: Path) -> Path:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     return home
+
+
+def _claim_all_at_once(storages: list, pool: str, round_: int) -> list[int]:
+    """Every storage (a process's own connection to the instance) claims a slot of `pool` at the same moment, as
+    run workers whose infer steps become ready together do; returns which ones were given a slot."""
+    import threading
+
+    barrier, claimed = threading.Barrier(len(storages)), []
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        if storages[i].claim_concurrency_slot(pool, f"run-{round_}-{i}", "docs__inferred").is_claimed:
+            claimed.append(i)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(storages))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return claimed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slots", [1, 2])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_steps_claiming_a_pool_at_the_same_moment_never_exceed_its_slots(
+        tmp_path: Path, request: pytest.FixtureRequest, backend: str, slots: int) -> None:
+    """Dagster's claim is SELECT-then-UPDATE on an autocommit connection: unguarded, 4 claimers at once on a pool of
+    1 slot were all given it in 18 of 40 rounds on PostgreSQL and 14 of 40 on SQLite (dagster 1.13.27), and the
+    rehearsal's two GPU infer steps ran side by side. Defining a pipeline installs the compare-and-set claim; with
+    it, never more than `slots` (each claimer a storage of its own, as each run worker has)."""
+    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+    from batch_assets.orchestration.execution.pool_slots import guard_slot_claims
+
+    guard_slot_claims()  # as build_pipeline_definitions does in every process that defines pipelines
+    assert getattr(SqlEventLogStorage._claim_concurrency_slot, "batch_assets_guard", False)
+
+    if backend == "postgres":
+        from dagster_postgres import PostgresEventLogStorage
+
+        url = f"postgresql+psycopg2://postgres:unused@127.0.0.1:{request.getfixturevalue('postgres_port')}/dagster"
+        storages = [PostgresEventLogStorage(url) for _ in range(4)]
+    else:
+        from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+        storages = [SqliteEventLogStorage(str(tmp_path / "events")) for _ in range(4)]
+    pool = f"gpu-{slots}"
+    storages[0].set_concurrency_slots(pool, slots)
+    given = []
+    for round_ in range(40):
+        claimed = _claim_all_at_once(storages, pool, round_)
+        given.append(len(claimed))
+        holders = storages[0].get_concurrency_info(pool).claimed_slots
+        assert len(holders) == len(claimed), (round_, holders, claimed)  # every claimant holds a row of its own
+        for i in range(len(storages)):
+            storages[0].free_concurrency_slots_for_run(f"run-{round_}-{i}")
+    assert max(given) == slots and min(given) >= 1, given  # never more than the pool has, and never none
+    for storage in storages:
+        storage.dispose()
+
+
+def test_defining_a_pipeline_installs_the_guarded_claim_in_a_fresh_process(tmp_path: Path) -> None:
+    """A run worker only loads the code location: defining the pipelines there must be enough."""
+    import json
+    import subprocess
+    import sys
+
+    spec = make_spec(GENERATE_SPEC, tmp_path, runtime={"gpus": 1})
+    code = ("import json, sys\n"
+            "from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage as S\n"
+            "from batch_assets.orchestration.assets.factory import build_pipeline_definitions\n"
+            "from batch_assets.spec import PipelineSpec\n"
+            "before = getattr(S._claim_concurrency_slot, 'batch_assets_guard', False)\n"
+            "build_pipeline_definitions(PipelineSpec.model_validate(json.loads(sys.argv[1])))\n"
+            "print(before, getattr(S._claim_concurrency_slot, 'batch_assets_guard', False))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(spec.model_dump(mode="json"))], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout
