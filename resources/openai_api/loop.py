@@ -63,10 +63,30 @@ class BackgroundLoop:
             future.cancel()  # wakes the waiting caller at once; the coroutine is cancelled if the loop still runs
         if self.loop.is_closed():
             return
+        if self._thread.is_alive():
+            # let every task still on the loop (a call's requests, cancelled above) run its cancellation to the end
+            # before the loop stops: a coroutine left suspended is finalized later, on a closed loop, and fails there
+            drained = asyncio.run_coroutine_threadsafe(_cancel_tasks(DRAIN_S), self.loop)
+            try:
+                drained.result(timeout=DRAIN_S + 1)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass  # a task ignoring cancellation: the loop stops anyway, as before
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+DRAIN_S = 5.0  # at most this long for the loop's tasks to finish cancelling when the provider is torn down
+
+
+async def _cancel_tasks(timeout_s: float) -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        if not task.cancelling():  # one being cancelled already is running its own clean-up: never interrupt it
+            task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
 
 
 def http_client(max_concurrency: int, timeout_s: float) -> Any:
