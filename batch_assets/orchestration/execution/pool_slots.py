@@ -252,11 +252,63 @@ def _claim_slot_compare_and_set(self, concurrency_key: str, run_id: str, step_ke
 _claim_slot_compare_and_set.batch_assets_guard = True
 
 
+# The second race, PostgreSQL only: a pool without a limit of its own gets `concurrency.pools.default_limit` from
+# the first process that needs it (Dagster's `initialize_concurrency_limit_to_default`): INSERT the limit row in a
+# transaction and, on a duplicate key, UPDATE it. On PostgreSQL the duplicate key aborts the whole transaction, so
+# the UPDATE fails ("current transaction is aborted"), and the run worker's claim with it: measured on dagster
+# 1.13.27, 3 of 4 run workers reaching a new pool together failed, and after `default_limit` was changed (values.yaml
+# `concurrency.pools.defaultLimit` raised from 1 to 2), every run worker of every pool still on the default failed.
+# The INSERT below runs in a SAVEPOINT, so the duplicate key undoes only the INSERT, and the UPDATE and the slot
+# rows follow in the same transaction (the fix upstream proposes: dagster-io/dagster#33599).
+
+_DAGSTER_INITIALIZE_DEFAULT = None
+
+
+def _initialize_default_limit_in_savepoint(self, concurrency_key: str) -> bool:
+    import sqlalchemy.exc as db_exc
+    from dagster._core.storage.event_log.schema import ConcurrencyLimitsTable as limits
+
+    if not (self.has_concurrency_limits_table and self.has_instance and self.has_default_pool_limit_col
+            and self._instance.global_op_concurrency_default_limit is not None):
+        return _DAGSTER_INITIALIZE_DEFAULT(self, concurrency_key)  # the branches without the duplicate-key UPDATE
+    self._reconcile_concurrency_limits_from_slots()
+    default_limit = self._instance.global_op_concurrency_default_limit
+    with self.index_transaction() as conn:
+        try:
+            with conn.begin_nested():
+                conn.execute(limits.insert().values(concurrency_key=concurrency_key, limit=default_limit,
+                                                    using_default_limit=True))
+        except db_exc.IntegrityError:
+            conn.execute(limits.update().values(limit=default_limit)
+                         .where((limits.c.concurrency_key == concurrency_key) & (limits.c.limit != default_limit)))
+        self._allocate_concurrency_slots(conn, concurrency_key, default_limit)
+    return True
+
+
+_initialize_default_limit_in_savepoint.batch_assets_guard = True
+
+
+def _guard_default_limits() -> None:
+    global _DAGSTER_INITIALIZE_DEFAULT
+    try:
+        from dagster_postgres.event_log.event_log import PostgresEventLogStorage
+    except ImportError:  # no PostgreSQL storage in this install: nothing to guard
+        return
+    current = PostgresEventLogStorage.initialize_concurrency_limit_to_default
+    if getattr(current, "batch_assets_guard", False):
+        return
+    _DAGSTER_INITIALIZE_DEFAULT = current
+    PostgresEventLogStorage.initialize_concurrency_limit_to_default = _initialize_default_limit_in_savepoint
+
+
 def guard_slot_claims() -> None:
-    """Make this process's slot claims compare-and-set (above). Called wherever pipelines are defined, so every
-    process that runs an executor over them (run worker, `dagster asset materialize`, a test) claims this way; the
-    daemon and webserver claim no step slots. Idempotent."""
+    """Make this process's slot claims compare-and-set and its default-limit set-up safe on PostgreSQL (above).
+    Called wherever pipelines are defined, so every process that runs an executor over them (run worker, `dagster
+    asset materialize`, a test) claims this way; the daemon and webserver claim no step slots (the daemon's queue
+    also sets default limits: when that fails it logs it and lets the run go, and the run worker sets it). Idempotent."""
     from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+    _guard_default_limits()
 
     current = getattr(SqlEventLogStorage, "_claim_concurrency_slot", None)
     if current is None:

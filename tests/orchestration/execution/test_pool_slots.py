@@ -320,3 +320,60 @@ def test_defining_a_pipeline_installs_the_guarded_claim_in_a_fresh_process(tmp_p
                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True"], out.stdout
+
+
+def _postgres_instance(home: Path, port: int, default_limit: int) -> dg.DagsterInstance:
+    """A process's instance on the deployment's PostgreSQL, with `concurrency.pools.default_limit` as values.yaml
+    renders it."""
+    import yaml
+
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump({
+        "telemetry": {"enabled": False},
+        "storage": {"postgres": {"postgres_url": f"postgresql+psycopg2://postgres:unused@127.0.0.1:{port}/dagster"}},
+        "concurrency": {"pools": {"default_limit": default_limit, "granularity": "op"}}}))
+    return dg.DagsterInstance.from_config(str(home))
+
+
+@pytest.mark.slow
+def test_a_new_pool_reached_by_run_workers_at_once_and_a_raised_default_limit_never_fail_a_claim(
+        tmp_path: Path, postgres_port: int) -> None:  # noqa: F811 - the module's fixture
+    """Unguarded (dagster 1.13.27), Dagster's duplicate-key UPDATE runs in the transaction PostgreSQL has aborted:
+    3 of 4 run workers reaching a new pool together failed with InFailedSqlTransaction, and after the default limit
+    was raised every claim on a pool still on the default failed the same way."""
+    import threading
+
+    from batch_assets.orchestration.execution.pool_slots import guard_slot_claims
+
+    guard_slot_claims()
+    workers = [_postgres_instance(tmp_path / f"worker{i}", postgres_port, 1) for i in range(4)]
+    errors: list[str] = []
+    for round_ in range(10):
+        barrier = threading.Barrier(len(workers))
+
+        def first_claim(instance: dg.DagsterInstance, pool: str) -> None:
+            barrier.wait()
+            try:  # what InstanceConcurrencyContext.claim does first for a pool without a limit of its own
+                instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
+                instance.event_log_storage.claim_concurrency_slot(pool, f"run-{id(instance)}", "docs__inferred")
+            except Exception as exc:  # noqa: BLE001 - every failure is reported
+                errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+        threads = [threading.Thread(target=first_claim, args=(w, f"endpoint:api-{round_}")) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        info = workers[0].event_log_storage.get_concurrency_info(f"endpoint:api-{round_}")
+        assert info.slot_count == 1 and len(info.claimed_slots) == 1, (round_, info)
+    assert not errors, errors
+
+    # values.yaml's defaultLimit raised to 2: the next run worker brings the pools still on the default up to it
+    raised = _postgres_instance(tmp_path / "raised", postgres_port, 2)
+    storage = raised.event_log_storage
+    assert storage.get_pool_limits()[0].from_default
+    assert storage.initialize_concurrency_limit_to_default("endpoint:api-0")
+    assert storage.get_concurrency_info("endpoint:api-0").slot_count == 2
+    assert storage.claim_concurrency_slot("endpoint:api-0", "run-after-raise", "docs__inferred").is_claimed
+    for instance in [*workers, raised]:
+        instance.dispose()
